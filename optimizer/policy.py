@@ -1,0 +1,116 @@
+"""The one interface every policy shares (Aurelius and every reference), and its registry.
+
+A policy is told the static context once (`start`), then at each control period's close gets only the
+observations that arrived in that period (`plan`) and returns the plan for the next period. It keeps
+whatever state it needs itself, like a river estimator. It never sees the workload builder or the
+ground-truth simulator.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import polars as pl
+
+from optimizer.plan import Plan
+from worldmodel.fleet import FleetSpec
+
+
+@dataclass(frozen=True)
+class Observations:
+    """Records that arrived in (previous close, as_of]; frames follow schemas/ (see schemas/README.md).
+
+    arrivals, completions, telemetry, fleet_events : as emitted by the serving fleet.
+    prices : price records whose publication time is <= as_of and that were not delivered before.
+    """
+
+    as_of: datetime
+    period_index: int
+    arrivals: pl.DataFrame
+    completions: pl.DataFrame
+    telemetry: pl.DataFrame
+    fleet_events: pl.DataFrame
+    prices: pl.DataFrame
+
+
+@dataclass(frozen=True)
+class History:
+    """The 7 days before the window, as aggregates only (DESIGN.md "History").
+
+    arrivals_per_minute : minute_at, class, requests.
+    size_quantiles : period_at, class, input_tokens_p50/p90/p99, output_tokens_p50/p90/p99.
+    prices : hourly price records (with published_at) up to the window start.
+    """
+
+    arrivals_per_minute: pl.DataFrame
+    size_quantiles: pl.DataFrame
+    prices: pl.DataFrame
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """Static context: fleet inventory, the market(s) served, timing, and the protocol's SLAs."""
+
+    fleet: FleetSpec
+    markets: tuple[str, ...]
+    window_start: datetime
+    period_s: float
+    periods: int
+    seed: int
+    sla: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+
+class Policy(ABC):
+    """Base of every policy. Subclasses set `name` and implement `start` and `plan`."""
+
+    name: str = ""
+
+    @abstractmethod
+    def start(self, ctx: PolicyContext, history: History) -> Plan:
+        """Take the static context and history; return the plan for the first period."""
+
+    @abstractmethod
+    def plan(self, obs: Observations) -> Plan:
+        """Return the plan for the period that starts at obs.as_of."""
+
+    def last_decision(self) -> dict[str, Any] | None:
+        """The audit record of the last decision, if this policy keeps one."""
+        return None
+
+
+_REGISTRY: dict[str, Callable[..., Policy]] = {}
+
+
+def register(name: str) -> Callable[[Callable[..., Policy]], Callable[..., Policy]]:
+    """Register a policy factory under `name`; registering a name twice is an error."""
+
+    def deco(factory: Callable[..., Policy]) -> Callable[..., Policy]:
+        if name in _REGISTRY:
+            raise ValueError(f"policy {name!r} is already registered")
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def create(name: str, **kwargs: Any) -> Policy:
+    """Build a registered policy by name."""
+    _load_builtin()
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {sorted(_REGISTRY)}") from None
+    return factory(**kwargs)
+
+
+def names() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def _load_builtin() -> None:
+    import optimizer.baselines  # noqa: F401  (registers production, production-tuned, naive)

@@ -1,0 +1,126 @@
+"""The `aurelius` command line. Parsers only: each subcommand's work lives in its package and is imported
+lazily, so `aurelius --help` answers without loading statsforecast, cvxpy, river or numba."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+MARKETS = ("PJM", "ERCOT", "CAISO")
+
+
+def _window_flags(p: argparse.ArgumentParser) -> None:
+    """The window flags shared by replay, worldmodel-validate, publish and data window."""
+    p.add_argument("--markets", default=",".join(MARKETS), help="comma-separated markets (PJM,ERCOT,CAISO)")
+    p.add_argument("--year", type=int, default=2023, help="price year the window is chosen in (default 2023)")
+    p.add_argument("--years", default=None, help="comma-separated years to sweep (overrides --year)")
+    p.add_argument("--start", default=None, help="window start, ISO 8601 UTC (overrides the window rule)")
+    p.add_argument(
+        "--window-rule", choices=("max", "median"), default="max",
+        help="max: most expensive contiguous 3 h by mean price; median: a 3 h run whose mean is the year's median",
+    )
+    p.add_argument("--periods", type=int, default=None, help="control periods in the window (default: 3 h worth)")
+    p.add_argument("--period-minutes", type=float, default=5.0, help="control period length (min)")
+    p.add_argument("--source", choices=("protocol", "azure", "mooncake"), default="protocol",
+                   help="protocol: the v1 mixed workload; azure|mooncake: replay one trace unchanged")
+    p.add_argument("--seed", type=int, default=0, help="workload seed")
+
+
+def _kafka_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
+        help="Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS, else localhost:9092)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="aurelius", description=__doc__.split("\n")[0] if __doc__ else None)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("replay", help="replay the benchmark window(s) for each policy; write results.json")
+    _window_flags(p)
+    p.add_argument("--policies", default="production,production-tuned,naive", help="comma-separated policies")
+    p.add_argument("--seeds", default="0", help="comma-separated workload seeds")
+    p.add_argument("--cost-basis", choices=("rented", "owned"), default="rented", help="headline cost basis")
+    p.add_argument("--sites", choices=("one", "three"), default="one",
+                   help="one: a site per market; three: three sites sharing one workload")
+    p.add_argument("--emit-observations", action="store_true", help="write the observation stream under OUT/")
+    p.add_argument("--fp8-speedup-scale", type=float, default=1.0, help="sensitivity: scale the modeled FP8 gain")
+    p.add_argument("--clock-power-exponent", type=float, default=None,
+                   help="sensitivity: override the modeled clock-power exponent")
+    p.add_argument("--out", default="out/replay", help="output directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(_run="worldmodel.groundtruth.replay_cli:run")
+
+    p = sub.add_parser("data", help="what is bundled, and what a window would contain")
+    dsub = p.add_subparsers(dest="data_command", required=True, metavar="WHAT")
+    d = dsub.add_parser("list", help="list bundled data sets with span, rows, license")
+    d.set_defaults(_run="streams.datasets.cli:run_list")
+    d = dsub.add_parser("window", help="show the window(s) a replay would use: span, mean price, requests per class")
+    _window_flags(d)
+    d.set_defaults(_run="streams.datasets.cli:run_window")
+
+    p = sub.add_parser("forecast-eval", help="rolling-origin backtest of the forecasters")
+    p.add_argument("--markets", default=",".join(MARKETS))
+    p.add_argument("--years", default="2021,2022,2023,2024")
+    p.add_argument("--horizon", type=int, default=24, help="steps ahead (hours for prices)")
+    p.add_argument("--origins", type=int, default=None, help="rolling origins per series (default: all weeks)")
+    p.add_argument("--out", default="out/forecast")
+    p.set_defaults(_run="forecasting.eval_cli:run")
+
+    p = sub.add_parser("worldmodel-validate", help="imposed-action test of the planner's forward model")
+    _window_flags(p)
+    p.add_argument("--out", default="out/validate")
+    p.set_defaults(_run="worldmodel.validate_cli:run")
+
+    p = sub.add_parser("worker", help="the faust worker: topics -> world model -> decisions -> audit topic")
+    _kafka_flags(p)
+    p.add_argument("--db", default="aurelius_state.duckdb", help="world-model DuckDB file")
+    p.add_argument("--audit-dir", default="audit", help="Parquet audit log directory")
+    p.add_argument("--market", default="PJM")
+    p.add_argument("--policy", default="aurelius")
+    p.add_argument("--topic-prefix", default="aurelius.", help="prefix of every topic name")
+    p.add_argument("--field-map", default=None, help="TOML field mapping for foreign producers")
+    p.set_defaults(_run="streams.worker_cli:run")
+
+    p = sub.add_parser("publish", help="replay history into the Kafka topics at a chosen speed-up")
+    _window_flags(p)
+    _kafka_flags(p)
+    p.add_argument("--speedup", type=float, default=60.0, help="event-time seconds per wall second")
+    p.add_argument("--from-dir", default=None, help="a replay's --emit-observations directory to publish")
+    p.add_argument("--topic-prefix", default="aurelius.")
+    p.set_defaults(_run="streams.publish:run")
+
+    p = sub.add_parser("audit-sink", help="audit topic -> Parquet audit log, idempotent on decision id")
+    _kafka_flags(p)
+    p.add_argument("--audit-dir", default="audit")
+    p.add_argument("--topic-prefix", default="aurelius.")
+    p.set_defaults(_run="sinks.audit_sink:run")
+
+    p = sub.add_parser("audit", help="query the audit log")
+    asub = p.add_subparsers(dest="audit_command", required=True, metavar="WHAT")
+    a = asub.add_parser("sql", help="run read-only SQL over the audit log (table: audit)")
+    a.add_argument("query", help='e.g. "SELECT policy, count(*) FROM audit GROUP BY 1"')
+    a.add_argument("--audit-dir", default="audit")
+    a.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
+    a.add_argument("--output", default=None, help="file for csv/json/parquet (default stdout; parquet needs it)")
+    a.set_defaults(_run="sinks.sql:run")
+
+    p = sub.add_parser("broker", help="local Kafka-compatible broker (Tansu, in memory) for a demo; NOT production")
+    p.add_argument("--port", type=int, default=9092)
+    p.add_argument("--topic-prefix", default="aurelius.")
+    p.set_defaults(_run="streams.broker:run")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module_name, func_name = args._run.split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
