@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="aurelius")
     p.add_argument("--topic-prefix", default="aurelius.", help="prefix of every topic name")
     p.add_argument("--field-map", default=None, help="TOML field mapping for foreign producers")
+    p.add_argument("--period-s", type=float, default=None, help="control period length (s; default 300)")
+    p.add_argument("--allowed-lateness-s", type=float, default=None,
+                   help="watermark = max event time - this (s; default 30)")
+    p.add_argument("--start", default=None, help="start of period 0, ISO 8601 UTC (default: first record's period)")
+    p.add_argument("--group-id", default=None, help="consumer group / faust app id (default aurelius-worker)")
     p.set_defaults(_run="streams.worker_cli:run")
 
     p = sub.add_parser("publish", help="replay history into the Kafka topics at a chosen speed-up")

@@ -72,3 +72,25 @@ DEFAULT_TP: dict[tuple[str, GpuType], int] = {
     ("llama-3.1-70b", GpuType.H100): 4,
     ("llama-3.1-70b", GpuType.A100): 8,
 }
+
+
+#: Peak power of one 8-GPU node at full load and maximum clock (W): Splitwise (REFERENCES.md) measured
+#: DGX-H100 10,200 W; DGX-A100 6,500 W (NVIDIA spec sheet figure; modeled).
+NODE_PEAK_W: dict[GpuType, float] = {GpuType.H100: 10_200.0, GpuType.A100: 6_500.0}
+#: Site power cap as a share of the whole fleet's peak: binds at maximum clock with every GPU busy.
+POWER_CAP_SHARE = 0.85
+MARKET_REGION: dict[str, str] = {"PJM": "us-east", "ERCOT": "us-central", "CAISO": "us-west"}
+
+
+def default_site(market: str, h100_nodes: int = 8, a100_nodes: int = 8) -> Site:
+    """The default site of one market: H100 and A100 nodes of 8 GPUs in racks of 4 nodes, a binding cap."""
+    groups = (NodeGroup(GpuType.H100, h100_nodes, max(1, h100_nodes // 4)),
+              NodeGroup(GpuType.A100, a100_nodes, max(1, a100_nodes // 4)))
+    peak = sum(NODE_PEAK_W[g.gpu] * g.nodes for g in groups)
+    return Site(name=f"site-{market.lower()}", market=market, groups=groups,
+                power_cap_w=POWER_CAP_SHARE * peak, region=MARKET_REGION[market])
+
+
+def default_fleet(markets: tuple[str, ...] = ("PJM", "ERCOT", "CAISO")) -> FleetSpec:
+    """One default site per market (README documents the layout)."""
+    return FleetSpec(sites=tuple(default_site(m) for m in markets))

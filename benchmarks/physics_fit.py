@@ -1,0 +1,61 @@
+"""Print the serving-physics fit quality on held-out measured rows, per dataset and configuration.
+
+Run: python benchmarks/physics_fit.py
+Median absolute percentage error (%) on held-out rows (every 5th distinct configuration point) for prefill
+(Splitwise prompt_time, AIConfigurator TTFT) and decode (Splitwise token_time, AIConfigurator TPOT).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from worldmodel.physics import step_coefficients
+from worldmodel.physics.calibrate import MEASURED_CONFIGS, fitted, splitwise_frame, splitwise_rows
+
+
+def main() -> None:
+    print(
+        f"{'dataset':15s} {'model':14s} {'gpu':4s} {'tp':>2s} {'prec':4s} "
+        f"{'n_pre':>5s} {'n_dec':>5s} {'pre_heldout%':>12s} {'dec_heldout%':>12s} {'pre_train%':>10s} {'dec_train%':>10s}"
+    )
+    pooled: dict[tuple[str, str], list[float]] = {}
+    for cfg in MEASURED_CONFIGS:
+        f = fitted(*cfg)
+        for metric in ("prefill", "decode"):
+            rows = getattr(f, metric)
+            sel = rows.held_out
+            pooled.setdefault((cfg[0], metric), []).extend(
+                np.abs(rows.x[sel] @ f.theta / rows.y_s[sel] - 1) * 100
+            )
+        print(
+            f"{cfg[0]:15s} {cfg[1]:14s} {cfg[2]:4s} {cfg[3]:2d} {cfg[4]:4s} "
+            f"{int(f.prefill.held_out.sum()):5d} {int(f.decode.held_out.sum()):5d} "
+            f"{f.mape('prefill'):12.1f} {f.mape('decode'):12.1f} "
+            f"{f.mape('prefill', False):10.1f} {f.mape('decode', False):10.1f}"
+        )
+    print("\npooled held-out median APE (%):")
+    for (ds, metric), ape in sorted(pooled.items()):
+        print(f"  {ds:15s} {metric:8s} {np.median(ape):5.1f}  (n={len(ape)})")
+    pcap = [
+        splitwise_rows("H100", tp, hardware="h100-80gb-pcap")[0].y_s.mean()
+        / splitwise_rows("H100", tp)[0].y_s.mean()
+        for tp in (2, 4, 8)
+    ]
+    print(
+        f"\nSplitwise 70% power cap: prefill x{np.mean(pcap):.2f} (token_time rows identical: "
+        f"{splitwise_frame().filter(hardware='h100-80gb-pcap')['token_time'].sum() == splitwise_frame().filter(hardware='h100-80gb')['token_time'].sum()})"
+    )
+    c = step_coefficients("llama-3.1-70b", "H100", 4, "bf16", 1980.0)
+    print(
+        "\nllama-3.1-70b H100 TP4 bf16 @1980 MHz (truth): decode ms/iteration at context 576 (Splitwise point)"
+    )
+    for b in (1, 16, 64, 128):
+        print(f"  batch {b:3d}: {1e3 * (c.base_s + b * c.per_seq_s + b * 576 * c.per_kv_token_s):6.1f} ms")
+    for p in (1024, 4096):
+        print(
+            f"  prefill {p}: {1e3 * (c.base_s + p * c.per_prefill_token_s + p * p / 2 * c.per_prefill_attn_s):6.1f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Point models: the members of a forecaster's pool. Each maps a `SeriesView` to n point forecasts.
+
+A point model sees only the view it is handed. When it keeps state between calls (an online learner's
+position, a fitted model), it also keeps the exact data that state came from and drops the state unless
+that data is a prefix of the view it is asked about (`PrefixCache`), so no state can carry a later
+observation into an earlier forecast.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import ClassVar
+
+import numpy as np
+
+from forecasting.store import SeriesView, first_mismatch
+
+
+class PrefixCache:
+    """The data a piece of state was derived from; `valid_for` says whether it is a prefix of a view."""
+
+    def __init__(self) -> None:
+        self.start_index: int | None = None
+        self.ref: np.ndarray = np.empty(0)
+
+    def set(self, view: SeriesView) -> None:
+        """Record that the state now reflects exactly `view`."""
+        self.start_index, self.ref = view.start_index, view.values
+
+    def valid_for(self, view: SeriesView) -> bool:
+        """True when the recorded data is a prefix of `view`."""
+        return (
+            self.start_index == view.start_index
+            and len(self.ref) <= len(view)
+            and first_mismatch(view.values, self.ref) == len(self.ref)
+        )
+
+    def __len__(self) -> int:
+        return len(self.ref)
+
+
+class PointModel(ABC):
+    """One pool member.
+
+    Parameters
+    ----------
+    season : steps per day (24 for hourly series, 288 for 5-minute series).
+    week : steps per week (168 hourly, 2016 five-minute).
+    seed : random seed (the built-in members are deterministic; kept for the protocol).
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, season: int, week: int, seed: int = 0) -> None:
+        self.season, self.week, self.seed = season, week, seed
+
+    @abstractmethod
+    def predict(self, view: SeriesView, n: int) -> np.ndarray | None:
+        """Point forecasts for the `n` grid steps after the view's end; None when the view is too short."""
+
+
+_MODELS: dict[str, Callable[..., PointModel]] = {}
+
+
+def register_model(cls: type[PointModel]) -> type[PointModel]:
+    """Class decorator: register a point model under its `name`; a duplicate name is an error."""
+    if not cls.name or cls.name in _MODELS:
+        raise ValueError(f"point model name {cls.name!r} empty or already registered")
+    _MODELS[cls.name] = cls
+    return cls
+
+
+def make_model(name: str, season: int, week: int, seed: int = 0) -> PointModel:
+    """Build a registered point model."""
+    _load_builtin()
+    try:
+        return _MODELS[name](season=season, week=week, seed=seed)
+    except KeyError:
+        raise ValueError(f"unknown point model {name!r}; known: {sorted(_MODELS)}") from None
+
+
+def model_names() -> list[str]:
+    """Names of every registered point model."""
+    _load_builtin()
+    return sorted(_MODELS)
+
+
+def _load_builtin() -> None:
+    import forecasting.models.naive  # noqa: F401
+    import forecasting.models.online  # noqa: F401
+    import forecasting.models.periodic  # noqa: F401
+    import forecasting.models.regression  # noqa: F401

@@ -1,0 +1,100 @@
+"""Direct multi-step regression on lag and seasonal-profile features, refit on a cadence.
+
+For each step ahead k there is one linear model, fitted by iteratively reweighted least squares towards the
+least-absolute-deviation fit (robust to price spikes; MASE is an absolute-error score). Features of a target
+t = o + k - 1 for origin o (first unobserved index): intercept, the last value y[o-1], the recent level (mean
+of the last season/6 steps), the same slot one day earlier, the mean of that slot over the last 5 days and,
+when the series holds enough weeks, the same slot one week earlier.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from forecasting.models.base import PointModel, PrefixCache, register_model
+from forecasting.store import SeriesView
+
+_DAYS = 5
+
+
+def _features(y: np.ndarray, cs: np.ndarray, o: np.ndarray, k: int, s: int, week: int | None) -> np.ndarray:
+    """Design matrix rows for origins `o` (int array) and step `k` (cs: cumsum of y with a leading 0)."""
+    w = max(1, s // 6)
+    t = o + k - 1
+    day = t - s * int(np.ceil(k / s))
+    cols = [np.ones(len(o)), y[o - 1], (cs[o] - cs[o - w]) / w, y[day]]
+    cols.append(np.mean([y[day - d * s] for d in range(_DAYS)], axis=0))
+    if week is not None:
+        cols.append(y[t - week * int(np.ceil(k / week))])
+    return np.column_stack(cols)
+
+
+def _lad(x: np.ndarray, z: np.ndarray, iters: int = 3) -> np.ndarray:
+    """Approximate least-absolute-deviation coefficients by IRLS with a small ridge."""
+    ridge = 1e-6 * (np.sum(x * x, axis=0) + 1.0)
+    wts = np.ones(len(z))
+    beta = np.zeros(x.shape[1])
+    for _ in range(iters):
+        xw = x * wts[:, None]
+        beta = np.linalg.solve(xw.T @ x + np.diag(ridge), xw.T @ z)
+        wts = 1.0 / np.maximum(np.abs(z - x @ beta), 1e-3 * (np.mean(np.abs(z)) + 1e-9))
+    return beta
+
+
+@register_model
+class LagRegression(PointModel):
+    """Direct per-step LAD regression on lag/profile features.
+
+    Parameters
+    ----------
+    season, week, seed : see `PointModel`.
+    train_steps : origins used for fitting (steps); default 8 weeks of an hourly series (1344).
+    refit_every : steps of new data after which the coefficients are refit (default one season).
+    """
+
+    name = "lag_regression"
+
+    def __init__(self, season: int, week: int, seed: int = 0, train_steps: int = 1344,
+                 refit_every: int | None = None) -> None:
+        super().__init__(season, week, seed)
+        self.train_steps = train_steps
+        self.refit_every = refit_every or season
+        self._cache = PrefixCache()
+        self._coef: list[np.ndarray] = []
+        self._use_week = False
+
+    def _min_origin(self, k: int, week: int | None) -> int:
+        s = self.season
+        need = s * int(np.ceil(k / s)) + (_DAYS - 1) * s
+        if week is not None:
+            need = max(need, week * int(np.ceil(k / week)))
+        return max(need - k + 1, max(1, s // 6))
+
+    def _fit(self, y: np.ndarray, n: int) -> bool:
+        cs = np.concatenate([[0.0], np.cumsum(y)])
+        self._use_week = len(y) - self._min_origin(n, self.week) - n >= 2 * self.season
+        week = self.week if self._use_week else None
+        coefs = []
+        for k in range(1, n + 1):
+            lo = max(self._min_origin(k, week), len(y) - k + 1 - self.train_steps)
+            o = np.arange(lo, len(y) - k + 1)
+            if len(o) < 2 * self.season:
+                return False
+            coefs.append(_lad(_features(y, cs, o, k, self.season, week), y[o + k - 1]))
+        self._coef = coefs
+        return True
+
+    def predict(self, view: SeriesView, n: int) -> np.ndarray | None:
+        y = view.filled
+        stale = not self._cache.valid_for(view) or len(view) - len(self._cache) >= self.refit_every
+        if stale or len(self._coef) < n:
+            if not self._fit(y, n):
+                self._coef, self._cache = [], PrefixCache()
+                return None
+            self._cache.set(view)
+        week = self.week if self._use_week else None
+        cs = np.concatenate([[0.0], np.cumsum(y)])
+        o = np.array([len(y)])
+        return np.array(
+            [float(_features(y, cs, o, k, self.season, week)[0] @ self._coef[k - 1]) for k in range(1, n + 1)]
+        )

@@ -1,0 +1,210 @@
+"""The pool forecaster: per series, choose among point models by rolling out-of-sample error, and
+calibrate intervals on the residuals of what was actually issued.
+
+Every `shadow_every` grid steps the forecaster replays a forecast origin over its own view (targets not yet
+seen at that origin): each member forecasts from the prefix before the origin, the member with the lowest
+mean absolute error over the last `select_window` origins (targets known at that origin) is chosen, and the
+calibrated interval and confidence are recorded. Origins are recomputed from the view, never from state the
+view does not justify: a later call whose view is not an extension of the last one drops the origins that
+view no longer supports. Seasonal naive lag one day and lag one week are always in the pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from forecasting.base import Forecaster, register
+from forecasting.calibration import LEVELS, aci_step, confidence, fallback_offsets, interval_offsets
+from forecasting.forecast import Forecast
+from forecasting.models import make_model
+from forecasting.store import SeriesView, first_mismatch, from_us
+
+HOURLY_POOL = ("snaive_day", "snaive_week", "seasonal_mean", "recent_mean", "lag_regression",
+               "river_holtwinters", "sf_mstl", "sf_autoets", "sf_holtwinters")
+PERIOD_POOL = ("snaive_day", "snaive_week", "seasonal_mean", "recent_mean", "lag_regression",
+               "river_holtwinters", "sf_mstl")
+ALWAYS = ("snaive_day", "snaive_week")
+
+
+@dataclass(frozen=True, eq=False)
+class _Origin:
+    """What was issued at one origin (grid index): points per member, chosen point, intervals, adj."""
+
+    origin: int
+    members: dict[str, np.ndarray]
+    chosen: str
+    point: np.ndarray
+    bands: np.ndarray  # (4, H): lo80, hi80, lo95, hi95
+    adj: dict[int, float]
+    confidence: float
+
+
+class PoolForecaster(Forecaster):
+    """Rolling-error model selection with conformal intervals (see module docstring).
+
+    Parameters
+    ----------
+    pool : point-model names (see `forecasting.models.model_names()`); lag-day and lag-week naive are added.
+    shadow_every : grid steps between replayed origins (default season/4 + 1: origins rotate over the day).
+    select_window : replayed origins scored for model choice.
+    calib_window : replayed origins whose residuals calibrate the intervals.
+    recent_steps : steps whose realized coverage enters the confidence (default season/4).
+    gamma : adaptive conformal step (probability per scored pair).
+    step_s, season, week, max_horizon, source, seed : see `Forecaster`.
+    """
+
+    name = "pool"
+
+    def __init__(self, pool: tuple[str, ...] = HOURLY_POOL, shadow_every: int | None = None,
+                 select_window: int = 30, calib_window: int = 90, recent_steps: int | None = None,
+                 gamma: float = 0.001, step_s: float = 3600.0, season: int = 24, week: int = 168,
+                 max_horizon: int = 48, source: str = "measured", seed: int = 0) -> None:
+        super().__init__(step_s, season, week, max_horizon, source, seed)
+        self.pool = tuple(pool)
+        self.shadow_every = shadow_every or season // 4 + 1
+        self.select_window, self.calib_window, self.gamma = select_window, calib_window, gamma
+        self.recent_steps = recent_steps or max(3, season // 4)
+        names = tuple(dict.fromkeys((*ALWAYS, *self.pool))) if len(self.pool) > 1 else self.pool
+        self._members = {n: make_model(n, season, week, seed) for n in names}
+        self._origins: list[_Origin] = []
+        self._ref: SeriesView | None = None
+        self._warmup = 2 * season
+
+    # -- keeping replayed origins consistent with the view -------------------------------------------
+    def _sync(self, view: SeriesView) -> None:
+        ref = self._ref
+        if ref is None or ref.start_index != view.start_index:
+            self._origins = []
+        else:
+            keep_until = view.start_index + first_mismatch(view.values, ref.values)
+            self._origins = [o for o in self._origins if o.origin <= keep_until]
+        self._ref = view
+
+    def _scored(self, sub: SeriesView, records: list[_Origin]) -> tuple[np.ndarray, np.ndarray]:
+        """Targets (R, max_horizon) of `records` as known in `sub` (NaN otherwise), and their grid indices."""
+        t = np.array([r.origin for r in records])[:, None] + np.arange(self.max_horizon)[None, :]
+        pos = t - sub.start_index
+        ok = (pos >= 0) & (pos < len(sub))
+        y = np.full(t.shape, np.nan)
+        y[ok] = sub.values[pos[ok]]
+        return y, t
+
+    def _record(self, sub: SeriesView, horizon: int) -> _Origin:
+        """Issue the forecast at origin sub.end_index from `sub` alone (horizon >= max_horizon)."""
+        o, big_h = sub.end_index, self.max_horizon
+        points = {}
+        for name, m in self._members.items():
+            p = m.predict(sub, horizon)
+            if p is not None and np.all(np.isfinite(p)):
+                points[name] = p
+        if not points:
+            points["recent_mean"] = make_model("recent_mean", self.season, self.week).predict(sub, horizon)
+        hist = self._origins
+        chosen = self._choose(sub, hist[-self.select_window:], points)
+        adj = hist[-1].adj if hist else {lvl: 0.0 for lvl in LEVELS}
+        bands, recent = None, None
+        calib = hist[-self.calib_window:]
+        if calib:
+            issued = np.stack([r.point[:big_h] for r in calib])
+            y, t = self._scored(sub, calib)
+            lim = np.stack([r.bands[:, :big_h] for r in calib]) + issued[:, None, :]  # (R, 4, H)
+            inside = {lvl: (y >= lim[:, 2 * i]) & (y <= lim[:, 2 * i + 1]) for i, lvl in enumerate(LEVELS)}
+            fresh = np.isfinite(y) & (t >= calib[-1].origin) & (t < o)
+            adj = aci_step(adj, {lvl: 1.0 - inside[lvl][fresh] for lvl in LEVELS}, self.gamma)
+            bands = interval_offsets(y - issued, horizon, adj)
+            rec = np.isfinite(y) & (t >= o - self.recent_steps) & (t < o)
+            recent = float(np.mean(inside[80][rec])) if rec.any() else None
+        if bands is None:
+            bands = fallback_offsets(sub.filled, self.season, horizon)
+        lo80, hi80 = np.minimum(bands[0], 0), np.maximum(bands[1], 0)
+        bands = np.stack([lo80, hi80, np.minimum(bands[2], lo80), np.maximum(bands[3], hi80)])
+        level = float(np.mean(np.abs(sub.filled[-self.season:])))
+        conf = confidence(bands[1, : self.season] - bands[0, : self.season], level, recent)
+        return _Origin(o, points, chosen, points[chosen], bands, adj, conf)
+
+    def _choose(self, sub: SeriesView, hist: list[_Origin], points: dict[str, np.ndarray]) -> str:
+        """The member with the lowest mean absolute error over `hist` (targets known in `sub`)."""
+        best, best_err = None, np.inf
+        if hist:
+            y, _ = self._scored(sub, hist)
+            nan = np.full(self.max_horizon, np.nan)
+            for name in points:
+                pred = np.stack([r.members.get(name, nan)[: self.max_horizon] for r in hist])
+                ok = np.isfinite(y) & np.isfinite(pred)
+                if ok.sum() < max(self.max_horizon, np.isfinite(y).sum() // 2):
+                    continue
+                err = float(np.mean(np.abs(y[ok] - pred[ok])))
+                if err < best_err:
+                    best, best_err = name, err
+        if best is None:  # nothing scored yet: the day-ago naive, else whatever forecasts
+            order = ("snaive_day", "seasonal_mean", "recent_mean")
+            best = next((n for n in order if n in points), next(iter(points)))
+        return best
+
+    # -- the protocol ---------------------------------------------------------------------------------
+    def _forecast(self, view: SeriesView, horizon: int, as_of_us: int) -> Forecast:
+        self._sync(view)
+        last = self._origins[-1].origin if self._origins else view.start_index + self._warmup - 1
+        first = (last // self.shadow_every + 1) * self.shadow_every
+        for o in range(first, view.end_index + 1, self.shadow_every):
+            self._origins.append(self._record(view.until(o), self.max_horizon))
+        keep = max(self.calib_window, self.select_window) + self.max_horizon // self.shadow_every + 2
+        del self._origins[:-keep]
+        steps = self._steps(as_of_us, horizon)
+        ahead = steps - view.end_index
+        need = max(self.max_horizon, int(ahead.max()) + 1)
+        rec = self._origins[-1] if self._origins else None
+        if rec is None or rec.origin != view.end_index or len(rec.point) < need:
+            rec = self._record(view, need)
+        return self._assemble(view, rec, steps, as_of_us)
+
+    def _assemble(self, view: SeriesView, rec: _Origin, steps: np.ndarray, as_of_us: int) -> Forecast:
+        h = len(steps)
+        ahead = steps - view.end_index
+        k = np.clip(ahead, 0, None)
+        point = rec.point[k].copy()
+        bands = rec.bands[:, k].copy()
+        known = np.zeros(h, dtype=bool)
+        past = ahead < 0
+        if past.any():
+            pos = steps[past] - view.start_index
+            vals = view.values[pos] if (pos >= 0).all() else np.full(past.sum(), np.nan)
+            seen = np.isfinite(vals)
+            idx = np.flatnonzero(past)
+            known[idx[seen]] = True
+            point[idx[seen]] = vals[seen]
+            bands[:, idx[seen]] = 0.0
+            gap = idx[~seen]
+            point[gap] = view.filled[np.clip(steps[gap] - view.start_index, 0, len(view) - 1)]
+            bands[:, gap] = rec.bands[:, [0]]
+        conf = 1.0 if known.all() else rec.confidence
+        return Forecast(
+            step_at_us=steps * view.step_us, step_s=self.step_s, point=point, lo80=point + bands[0],
+            hi80=point + bands[1], lo95=point + bands[2], hi95=point + bands[3], known=known,
+            confidence=conf, model=rec.chosen, as_of=from_us(as_of_us),
+            provenance=self._provenance(view, rec.chosen),
+        )
+
+
+def _single(model: str) -> type[PoolForecaster]:
+    """A forecaster whose pool is one model: what the shared checks run per registered model."""
+
+    class Single(PoolForecaster):
+        name = model
+
+        def __init__(self, shadow_every: int | None = None, select_window: int = 30, calib_window: int = 90,
+                     recent_steps: int | None = None, gamma: float = 0.001, step_s: float = 3600.0,
+                     season: int = 24, week: int = 168, max_horizon: int = 48, source: str = "measured",
+                     seed: int = 0) -> None:
+            super().__init__((model,), shadow_every, select_window, calib_window, recent_steps, gamma, step_s,
+                             season, week, max_horizon, source, seed)
+
+    Single.__name__ = Single.__qualname__ = f"Single_{model}"
+    return Single
+
+
+register("pool")(PoolForecaster)
+for _m in HOURLY_POOL:
+    register(_m)(_single(_m))

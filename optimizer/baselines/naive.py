@@ -1,0 +1,34 @@
+"""`naive`: a static fleet sized for mean load, first come first served, round-robin routing, continuous
+batching, no autoscaling, deferrable work run at once (DESIGN.md)."""
+
+from __future__ import annotations
+
+from optimizer.baselines.sizing import mean_output_tokens, rate_per_class, replicas_for, site_pools
+from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
+from optimizer.policy import History, Observations, Policy, PolicyContext, register
+
+
+@register("naive")
+class NaivePolicy(Policy):
+    """Static fleet: replicas = mean-load concurrency / max_batch, no headroom."""
+
+    name = "naive"
+
+    def __init__(self, max_batch: int = 256) -> None:
+        self.max_batch = max_batch
+        self._plan: Plan | None = None
+
+    def start(self, ctx: PolicyContext, history: History) -> Plan:
+        rates = rate_per_class(history.arrivals_per_minute)
+        floors = replicas_for(rates, mean_output_tokens(history.size_quantiles), self.max_batch, 1.0)
+        pools = []
+        for s in ctx.fleet.sites:
+            for p in site_pools(s, floors=floors, max_batch=self.max_batch):
+                pools.append(p.__class__(**{**p.__dict__, "replica_ceiling": p.replica_floor}))
+        self._plan = Plan(pools=tuple(pools), routing=Routing.ROUND_ROBIN, ordering=Ordering.FCFS,
+                          batch_admission=BatchAdmission.IMMEDIATE, autoscale=False, label="naive: static mean-load fleet")
+        return self._plan
+
+    def plan(self, obs: Observations) -> Plan:
+        assert self._plan is not None, "start() first"
+        return self._plan

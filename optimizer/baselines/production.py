@@ -1,0 +1,45 @@
+"""`production`: the reference as deployed (DESIGN.md).
+
+bf16, vLLM-default batching (256 sequences, chunked prefill), maximum clock, an HPA-like autoscaler on
+backlog and utilization (target 80%, 15 s sync, 300 s scale-down stabilization, cold starts), prefix-aware
+routing with load fallback, earliest-deadline ordering, deferrable work deferred only under pressure.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from optimizer.baselines.sizing import mean_output_tokens, rate_per_class, replicas_for, site_pools
+from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
+from optimizer.policy import History, Observations, Policy, PolicyContext, register
+
+
+@register("production")
+class ProductionPolicy(Policy):
+    """The production-class reference as deployed. max_batch : sequences per replica; target : HPA target."""
+
+    name = "production"
+
+    def __init__(self, max_batch: int = 256, target: float = 0.8) -> None:
+        self.max_batch = max_batch
+        self.target = target
+        self._plan: Plan | None = None
+
+    def start(self, ctx: PolicyContext, history: History) -> Plan:
+        # the fleet the autoscaler had reached at window start: Little's law on the last 15 minutes
+        rates = rate_per_class(history.arrivals_per_minute, last=timedelta(minutes=15))
+        floors = replicas_for(rates, mean_output_tokens(history.size_quantiles), self.max_batch, self.target)
+        pools = tuple(p for s in ctx.fleet.sites for p in site_pools(s, floors=floors, max_batch=self.max_batch))
+        first = self._make(pools, "production: initial fleet from the last 15 min of history")
+        steady = tuple(p.__class__(**{**p.__dict__, "replica_floor": min(p.replica_floor, 1)}) for p in pools)
+        self._plan = self._make(steady, "production: HPA within [1, inventory]")
+        return first
+
+    def _make(self, pools: tuple, label: str) -> Plan:
+        return Plan(pools=pools, routing=Routing.PREFIX_LOAD, ordering=Ordering.EDF,
+                    batch_admission=BatchAdmission.PRESSURE, autoscale=True, autoscale_target=self.target,
+                    label=label)
+
+    def plan(self, obs: Observations) -> Plan:
+        assert self._plan is not None, "start() first"
+        return self._plan

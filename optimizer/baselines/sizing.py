@@ -1,0 +1,63 @@
+"""Operator-side sizing helpers shared by the reference policies: demand from history aggregates and the
+pools of a site. Uses only what an operator knows (history, SLAs, inventory), never the simulator."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+import polars as pl
+
+from optimizer.plan import PoolPlan
+from worldmodel.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, Site
+
+MODEL_OF_CLASS = {"code": "llama-3.1-8b", "chat": "llama-3.1-70b", "batch": "llama-3.1-70b"}
+#: Expected time per output token used for Little's-law concurrency (s); half the tighter TPOT SLO.
+ASSUMED_TPOT_S = {"llama-3.1-8b": 0.025, "llama-3.1-70b": 0.05}
+#: Preferred GPU type per model when scaling up (the deployed layout): big model on H100.
+PREFERRED_GPU = {"llama-3.1-8b": ("A100", "H100"), "llama-3.1-70b": ("H100", "A100")}
+
+
+def rate_per_class(arrivals_per_minute: pl.DataFrame, last: timedelta | None = None) -> dict[str, float]:
+    """Mean arrival rate per class (requests/s) over the whole history or its last `last`."""
+    df = arrivals_per_minute
+    if last is not None and df.height:
+        cutoff = df["minute_at"].max() - last
+        df = df.filter(pl.col("minute_at") > cutoff)
+    if df.height == 0:
+        return {}
+    minutes = df["minute_at"].n_unique()
+    out = df.group_by("request_class").agg(pl.col("requests").sum())
+    return {r["request_class"]: r["requests"] / (60.0 * minutes) for r in out.iter_rows(named=True)}
+
+
+def mean_output_tokens(size_quantiles: pl.DataFrame) -> dict[str, float]:
+    """Median output tokens per class over the history (tokens)."""
+    if size_quantiles.height == 0:
+        return {}
+    out = size_quantiles.group_by("request_class").agg(pl.col("output_tokens_p50").mean())
+    return {r["request_class"]: float(r["output_tokens_p50"]) for r in out.iter_rows(named=True)}
+
+
+def replicas_for(rates: dict[str, float], out_tokens: dict[str, float], max_batch: int,
+                 utilization: float) -> dict[str, int]:
+    """Replicas per model so that Little's-law concurrency fills max_batch x utilization."""
+    conc: dict[str, float] = {}
+    for cls, rate in rates.items():
+        model = MODEL_OF_CLASS[cls]
+        conc[model] = conc.get(model, 0.0) + rate * out_tokens.get(cls, 200.0) * ASSUMED_TPOT_S[model]
+    return {m: max(1, math.ceil(c / (max_batch * utilization))) for m, c in conc.items()}
+
+
+def site_pools(site: Site, *, floors: dict[str, int], max_batch: int, precision: str = "bf16",
+               clock: dict[str, int] | None = None) -> tuple[PoolPlan, ...]:
+    """Pools for both models on every GPU type of the site, preferred type first, floor on the preferred type."""
+    pools = []
+    for model, prefs in PREFERRED_GPU.items():
+        for k, gpu in enumerate(g for g in prefs if site.gpus(GpuType(g)) > 0):
+            tp = DEFAULT_TP[(model, GpuType(gpu))]
+            mhz = (clock or {}).get(gpu, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1])
+            prec = precision if gpu == "H100" else "bf16"
+            pools.append(PoolPlan(site.name, model, gpu, floors.get(model, 1) if k == 0 else 0,
+                                  site.gpus(GpuType(gpu)) // tp, tp, prec, max_batch, int(mhz)))
+    return tuple(pools)

@@ -1,0 +1,244 @@
+"""Physics-guided candidate generation: read the regime, propose the coupled bundles it implies.
+
+Always proposed: the reference policy's plan, the previous plan, a max-packing plan (fp8 where allowed, the
+largest KV-feasible batch, maximum clock, fewest replicas the MILP finds), a min-energy plan (lowest clock,
+fewest replicas meeting the TPOT SLO) and the MILP's sizing at low/mid/high clock in each allowed precision.
+The regime adds bundles: an expensive hour adds packing variants with the deferral schedule's admission,
+a cheap one adds headroom (lower target utilisation), high load or a wide forecast interval adds ceiling.
+The clock-only ablation proposes the reference plan at every clock step and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from optimizer.capacity_milp import SizingPool, size_capacity
+from optimizer.deferral_lp import risk_adjusted_price
+from optimizer.levers import LeverSpace, PoolLevers, plan_key
+from optimizer.plan import BatchAdmission, Plan, PoolPlan
+from optimizer.sizing import idle_power_w, kv_sequences, replica_power_w, replica_rps
+from worldmodel.fleet import GPUS_PER_NODE, FleetSpec, GpuType
+from worldmodel.forecast_types import DisturbanceForecast
+from worldmodel.servingmodel import ServingModel
+
+#: Rented GPU-hour rates ($/h) and PUE: DESIGN.md defaults (modeled); overridden from worldmodel CostConfig.
+GPU_RATE_USD_H: dict[str, float] = {"H100": 2.50, "A100": 1.50}
+PUE = 1.3
+
+
+@dataclass(frozen=True)
+class Regime:
+    """What the period looks like.
+
+    price_percentile : risk-adjusted price of the period within the recent price history (0-1).
+    price_trend : mean forecast price over the horizon / this period's, minus 1 (ratio).
+    load_ratio : forecast demand (80% upper) / capacity of the previous plan's ceilings (ratio).
+    kv_pressure : largest max_batch / KV-feasible sequences over the previous plan's pools (ratio).
+    confidence : the forecasters' confidence (0-1).
+    """
+
+    price_percentile: float
+    price_trend: float
+    load_ratio: float
+    kv_pressure: float
+    confidence: float
+
+    @property
+    def expensive(self) -> bool:
+        return self.price_percentile >= 0.75
+
+    @property
+    def cheap(self) -> bool:
+        return self.price_percentile <= 0.25
+
+
+@dataclass(frozen=True)
+class GenerationInputs:
+    """Everything candidate generation reads.
+
+    forecasts : this period first, then the next ones (the deferral horizon).
+    price_history_usd_mwh : recent hourly prices known as of the decision ($/MWh).
+    tpot_slo_s : per model, the tightest interactive TPOT SLO (s); absent = no TPOT bound.
+    admission : this period's batch admission from the deferral LP (None keeps each plan's own).
+    swap_budget : replicas that may change per period (count).
+    deferrable_class, deferrable_release_rps : the deferrable class and the rate the deferral schedule
+        releases this period (requests/s); None sizes for its forecast arrivals as they come.
+    """
+
+    fleet: FleetSpec
+    space: LeverSpace
+    reference: Plan
+    previous: Plan
+    forecasts: tuple[DisturbanceForecast, ...]
+    price_history_usd_mwh: tuple[float, ...]
+    tpot_slo_s: Mapping[str, float]
+    admission: BatchAdmission | None
+    swap_budget: int
+    risk_aversion: float = 0.5
+    deferrable_class: str = "batch"
+    deferrable_release_rps: float | None = None
+    serving: ServingModel = field(default_factory=ServingModel)
+
+
+def read_regime(inp: GenerationInputs) -> Regime:
+    """Summarise price level and trend, load vs capacity, KV pressure and confidence."""
+    now = inp.forecasts[0]
+    p_now = risk_adjusted_price(now.price_usd_mwh, inp.risk_aversion)
+    hist = np.asarray(inp.price_history_usd_mwh, dtype=float)
+    pct = float((hist <= p_now).mean()) if hist.size else 0.5
+    ahead = [risk_adjusted_price(f.price_usd_mwh, inp.risk_aversion) for f in inp.forecasts]
+    trend = float(np.mean(ahead)) / p_now - 1.0 if abs(p_now) > 1e-9 else 0.0
+    demand = _demand_by_model(now, "hi80")
+    cap: dict[str, float] = {}
+    kv = 0.0
+    for p in inp.previous.pools:
+        inp_t, out_t = _sizes(now, p.model)
+        cap[p.model] = cap.get(p.model, 0.0) + p.replica_ceiling * replica_rps(
+            inp.serving, p, inp_t, out_t, inp.tpot_slo_s.get(p.model))
+        fits = kv_sequences(inp.serving, p, inp_t + 0.5 * out_t)
+        kv = max(kv, p.max_batch / fits if fits > 0 else math.inf)
+    load = max((d / cap[m] if cap.get(m) else math.inf) for m, d in demand.items()) if demand else 0.0
+    return Regime(pct, trend, load, kv, now.confidence)
+
+
+def generate(inp: GenerationInputs, mode: str = "full") -> list[Plan]:
+    """Coupled candidate plans for this period, deduplicated, labelled, known-strong ones first.
+
+    Parameters
+    ----------
+    inp : the regime's inputs and the plans in play.
+    mode : "full", "no-deferral", "fixed-grid" (same bundles) or "clock-only" (reference x clock steps).
+    """
+    out: list[Plan] = [replace(inp.reference, label="reference"), replace(inp.previous, label="previous")]
+    if mode == "clock-only":
+        for i in range(len(inp.space.pools[0].clocks_mhz)):
+            out.append(_at_clock_level(inp.reference, inp.space, i, "reference@clock"))
+        return _dedupe(out)
+    regime = read_regime(inp)
+    n_clk = len(inp.space.pools[0].clocks_mhz)
+    profiles: list[tuple[str, int, bool, bool, float]] = [  # label, clock level, fp8, packed batch, target u
+        ("max-packing", n_clk - 1, True, True, 0.85),
+        ("min-energy", 0, True, True, 0.8),
+        ("milp-mid-fp8", n_clk // 2, True, True, 0.8),
+        ("milp-mid-bf16", n_clk // 2, False, False, 0.8),
+        ("milp-max-bf16", n_clk - 1, False, False, 0.8),
+    ]
+    if regime.expensive:
+        profiles.append(("expensive-pack", n_clk - 2, True, True, 0.9))
+    if regime.cheap or regime.confidence < 0.8 or regime.load_ratio > 0.9:
+        profiles.append(("headroom", n_clk - 1, True, True, 0.6))
+    for label, level, fp8, packed, u in profiles:
+        plan = _milp_plan(inp, label, level, fp8, packed, u)
+        if plan is not None:
+            out.append(plan)
+    if inp.admission is not None:
+        out = [replace(p, batch_admission=inp.admission) if p.label not in ("reference", "previous") else p
+               for p in out]
+        out.append(replace(inp.reference, batch_admission=inp.admission, label="reference+deferral"))
+    return _dedupe(out)
+
+
+def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed: bool,
+               target_u: float) -> Plan | None:
+    """Set every pool's clock level, precision and batch, then size replicas with the MILP."""
+    now = inp.forecasts[0]
+    price = risk_adjusted_price(now.price_usd_mwh, inp.risk_aversion)
+    prev = {p.key: p for p in inp.previous.pools}
+    pools: list[PoolPlan] = []
+    sizing: list[SizingPool] = []
+    reloads = 0
+    for p in inp.reference.pools:
+        lv = inp.space.pool(p.key)
+        precision = "fp8" if fp8 and "fp8" in lv.precisions else ("bf16" if "bf16" in lv.precisions
+                                                                   else lv.precisions[0])
+        q = replace(p, precision=precision, sm_clock_mhz=lv.clocks_mhz[min(level, len(lv.clocks_mhz) - 1)])
+        inp_t, out_t = _sizes(now, p.model)
+        batch = (_packed_batch(inp.serving, q, lv, inp_t + 0.5 * out_t) if packed
+                 else min(256, lv.max_batches[-1]))
+        q = replace(q, max_batch=batch)
+        was = prev.get(p.key)
+        if was is not None and was.precision != q.precision:
+            reloads += was.replica_floor
+        power = replica_power_w(inp.serving, q, target_u)
+        rps = replica_rps(inp.serving, q, inp_t, out_t, inp.tpot_slo_s.get(p.model))
+        added_w = replica_power_w(inp.serving, q, 1.0) - q.tp * idle_power_w(q.gpu)
+        cost_usd_h = q.tp * GPU_RATE_USD_H[p.gpu] + power * PUE * price / 1e6
+        sizing.append(SizingPool(p.key, q.tp, rps, added_w, cost_usd_h, was.replica_floor if was else 0,
+                                 lv.max_replicas))
+        pools.append(q)
+    if reloads > inp.swap_budget:
+        return None
+    demand = _demand_by_model(now, "point", inp.deferrable_class, inp.deferrable_release_rps)
+    site_names = {p.site for p in pools}
+    sites = [s for s in inp.fleet.sites if s.name in site_names]
+    gpus = {(s.name, str(g.gpu)): s.gpus(GpuType(g.gpu)) for s in sites for g in s.groups}
+    base = {s.name: sum(g.nodes * GPUS_PER_NODE * idle_power_w(str(g.gpu)) for g in s.groups) for s in sites}
+    sol = size_capacity(sizing, demand, gpus, {s.name: s.power_cap_w for s in sites}, base,
+                        inp.swap_budget - reloads, target_u)
+    if sol is None:
+        return None
+    surge = _surge_ratio(now)
+    sized = []
+    for q in pools:
+        n = sol.replicas[q.key]
+        ceiling = min(inp.space.pool(q.key).max_replicas, math.ceil(n * surge) + (1 if n else 0))
+        sized.append(replace(q, replica_floor=n, replica_ceiling=ceiling))
+    return replace(inp.reference.with_pools(tuple(sized)), label=label)
+
+
+def _at_clock_level(plan: Plan, space: LeverSpace, level: int, label: str) -> Plan:
+    pools = tuple(replace(p, sm_clock_mhz=space.pool(p.key).clocks_mhz[level]) for p in plan.pools)
+    return replace(plan.with_pools(pools), label=f"{label}{level}")
+
+
+def _packed_batch(sm: ServingModel, p: PoolPlan, lv: PoolLevers, context_tokens: float) -> int:
+    """The largest batch step whose KV fits at the mean context (at least the smallest step)."""
+    fits = kv_sequences(sm, p, context_tokens)
+    ok = [b for b in lv.max_batches if b <= fits]
+    return ok[-1] if ok else lv.max_batches[0]
+
+
+def _sizes(f: DisturbanceForecast, model: str) -> tuple[float, float]:
+    """Arrival-weighted mean input and output tokens of a model's classes (tokens)."""
+    ds = [d for d in f.demand if d.model == model]
+    w = sum(max(d.arrivals_per_s.point, 1e-9) for d in ds)
+    if not ds:
+        return 1.0, 1.0
+    return (sum(max(d.arrivals_per_s.point, 1e-9) * d.input_tokens_mean for d in ds) / w,
+            sum(max(d.arrivals_per_s.point, 1e-9) * d.output_tokens_mean for d in ds) / w)
+
+
+def _demand_by_model(f: DisturbanceForecast, which: str, deferrable_class: str = "",
+                     deferrable_rps: float | None = None) -> dict[str, float]:
+    """Forecast arrivals per model (requests/s), `which` of point / hi80 / hi95; the deferrable class at
+    `deferrable_rps` when given (what the deferral schedule releases this period)."""
+    out: dict[str, float] = {}
+    for d in f.demand:
+        rate = max(getattr(d.arrivals_per_s, which), 0.0)
+        if d.request_class == deferrable_class and deferrable_rps is not None:
+            rate = deferrable_rps
+        out[d.model] = out.get(d.model, 0.0) + rate
+    return out
+
+
+def _surge_ratio(f: DisturbanceForecast) -> float:
+    """95% upper / point of total demand: how far the autoscaler may need to go above the floor (ratio)."""
+    pt = sum(max(d.arrivals_per_s.point, 0.0) for d in f.demand)
+    hi = sum(max(d.arrivals_per_s.hi95, 0.0) for d in f.demand)
+    return max(hi / pt, 1.0) if pt > 0 else 1.0
+
+
+def _dedupe(plans: Sequence[Plan]) -> list[Plan]:
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for p in plans:
+        k = plan_key(p)
+        if k not in seen:
+            seen.add(k)
+            out.append(p)
+    return out
+

@@ -1,0 +1,142 @@
+"""One audit record per decision, shaped per schemas/audit_record.v1.schema.json.
+
+The decision id is sha256(policy|markets|period start) (the same formula as streams/decide.py), so a
+decision re-made after a restart or in a replay keeps its key and the audit log keeps one row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from optimizer.audit_grid import AuditResult
+from optimizer.fallback import Decision, Scored
+from optimizer.objective import predicted_delta
+from optimizer.plan import Plan
+from optimizer.search import SearchResult
+from worldmodel.forecast_types import DisturbanceForecast, Interval, PredictedOutcome
+from worldmodel.provenance import Tagged
+
+#: Top candidates kept in the record (count).
+TOP_N = 5
+
+
+def wire_ts(at: datetime) -> str:
+    """RFC 3339 UTC with microseconds and a Z (the wire format of schemas/README.md)."""
+    if at.tzinfo is None:
+        raise ValueError(f"naive datetime {at!r}: decision times must be tz-aware (UTC)")
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def decision_id(policy: str, markets: Sequence[str], period_start: datetime) -> str:
+    """Stable id: the first 32 hex chars of sha256("policy|m1,m2|period_start").
+
+    Examples
+    --------
+    >>> from datetime import UTC, datetime
+    >>> decision_id("production", ("PJM",), datetime(2023, 7, 1, tzinfo=UTC))[:12]
+    '50bef902af38'
+    """
+    text = f"{policy}|{','.join(markets)}|{wire_ts(period_start)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def outcome_dict(o: PredictedOutcome) -> dict[str, Any]:
+    """A predicted outcome as plain JSON-able values."""
+    return asdict(o)
+
+
+def interval_dict(iv: Interval, confidence: float) -> dict[str, float]:
+    return {"point": iv.point, "lo80": iv.lo80, "hi80": iv.hi80, "lo95": iv.lo95, "hi95": iv.hi95,
+            "confidence": confidence}
+
+
+def forecasts_dict(forecasts: Sequence[DisturbanceForecast]) -> dict[str, dict[str, float]]:
+    """This period's forecasts by name: arrivals per class (requests/s) and price ($/MWh), plus the prices
+    of the following periods (price_usd_mwh+k)."""
+    if not forecasts:
+        return {}
+    f0 = forecasts[0]
+    out = {f"arrivals_per_s.{d.request_class}": interval_dict(d.arrivals_per_s, f0.confidence)
+           for d in f0.demand}
+    out["price_usd_mwh"] = interval_dict(f0.price_usd_mwh, f0.confidence)
+    for k, f in enumerate(forecasts[1:], start=1):
+        out[f"price_usd_mwh+{k}"] = interval_dict(f.price_usd_mwh, f.confidence)
+    return out
+
+
+def candidate_dict(s: Scored) -> dict[str, Any]:
+    return {"plan": s.plan.as_dict(), "predicted": outcome_dict(s.outcome), "score": s.score,
+            "feasible": s.feasible, "gates": [g.as_dict() for g in s.gates]}
+
+
+def build_record(
+    *,
+    policy: str,
+    markets: Sequence[str],
+    period_index: int,
+    as_of: datetime,
+    inputs: Mapping[str, Tagged],
+    forecasts: Sequence[DisturbanceForecast],
+    decision: Decision,
+    search: SearchResult | None,
+    reference: Scored | None,
+    audit: AuditResult | None,
+    decision_ms: float,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Assemble the audit record of one decision.
+
+    Parameters
+    ----------
+    policy, markets : who decided and for which market(s).
+    period_index, as_of : the period decided for; it starts at the decision time `as_of` (UTC).
+    inputs : named inputs and parameters with unit, provenance tag and source.
+    forecasts : this period's and the following periods' disturbance forecasts.
+    decision : the chosen plan, its gates, fallback flag and reason.
+    search : the search result (None when the confidence fallback skipped it).
+    reference : the reference plan scored like a candidate (None if it could not be scored).
+    audit : the regret audit (None when off).
+    decision_ms : decision latency (ms), the audit excluded.
+    extra : further keys (mode, search statistics, audit statistics).
+    """
+    chosen: Plan = decision.plan
+    delta = None
+    if reference is not None and decision.outcome is not None:
+        delta = predicted_delta(decision.outcome, reference.outcome)
+    rec: dict[str, Any] = {
+        "schema_version": "1",
+        "decision_id": decision_id(policy, markets, as_of),
+        "policy": policy,
+        "markets": list(markets),
+        "period_index": period_index,
+        "period_start": wire_ts(as_of),
+        "as_of": wire_ts(as_of),
+        "inputs": {k: v.as_dict() for k, v in inputs.items()},
+        "forecasts": forecasts_dict(forecasts),
+        "candidates_evaluated": search.evaluations if search else 0,
+        "top_candidates": [candidate_dict(s) for s in (search.ranked[:TOP_N] if search else ())],
+        "gates": [g.as_dict() for g in decision.gates],
+        "chosen_plan": chosen.as_dict(),
+        "chosen_predicted": outcome_dict(decision.outcome) if decision.outcome else None,
+        "fallback": decision.fallback,
+        "fallback_reason": decision.reason,
+        "reference_plan": reference.plan.as_dict() if reference else None,
+        "predicted_delta": delta,
+        "regret": audit.regret if audit else None,
+        "decision_ms": decision_ms,
+        "realized": None,
+    }
+    if audit is not None:
+        rec["audit"] = {"grid_size": audit.grid_size, "feasible": audit.feasible,
+                        "best_score": audit.best.score if audit.best else None,
+                        "best_label": audit.best.plan.label if audit.best else None,
+                        "chosen_score": audit.chosen_score}
+    if search is not None:
+        rec["search"] = {"evaluations": search.evaluations, "stop_reason": search.stop_reason,
+                         "stages": search.stages}
+    rec.update(extra or {})
+    return rec

@@ -1,0 +1,182 @@
+"""Deferral LP: when to run deferrable (batch-class) work over the next K control periods.
+
+Cohorts (the waiting backlog and each period's forecast arrivals) are released into periods between their
+arrival and their deadline, at most the spare capacity of each period, so as to minimise the energy bill at
+a risk-adjusted price. Only this period's release matters for the plan: it maps to the batch admission
+lever (HOLD / PRESSURE / IMMEDIATE).
+
+Formulation (x[c, k] >= 0 requests of cohort c released in period k; late[c] >= 0 requests missing their
+deadline inside the horizon; tail[c] >= 0 requests left for after the horizon, allowed only when the
+cohort's deadline lies beyond it):
+
+    min   sum_{c,k} (e * p_k + eps * k) * x[c,k] + sum_c e * p_tail * tail[c] + M * sum_c late[c]
+    s.t.  sum_k x[c,k] + tail[c] + late[c] = n_c
+          x[c,k] = 0 unless arrival_c <= k <= deadline_c;  tail[c] = 0 unless deadline_c >= K
+          sum_c x[c,k] <= spare_k
+
+with p_k = point_k + risk_aversion * (hi80_k - point_k) ($/MWh), e the energy per request (MWh) and p_tail
+the mean risk-adjusted price over the horizon. The eps term releases earlier when prices tie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from optimizer.plan import BatchAdmission, Plan
+from optimizer.sizing import replica_power_w, replica_rps
+from worldmodel.forecast_types import DisturbanceForecast, Interval
+from worldmodel.servingmodel import ServingModel
+
+#: Penalty for a request missing its deadline ($/request), far above any energy cost.
+LATE_PENALTY_USD = 1.0e3
+
+
+@dataclass(frozen=True)
+class Cohort:
+    """requests (count) that can start in period `arrival` and must be done in period `deadline` (indices)."""
+
+    requests: float
+    arrival: int
+    deadline: int
+
+
+@dataclass(frozen=True)
+class DeferralSchedule:
+    """The LP's answer.
+
+    release : per period, requests released (count).
+    release_now_share : released this period / available this period (0-1; 1 when nothing is available).
+    late : requests the LP could not fit before their deadlines (count).
+    status : solver status string.
+    """
+
+    release: tuple[float, ...]
+    release_now_share: float
+    late: float
+    status: str
+
+    def admission(self, hold_below: float = 0.05, immediate_above: float = 0.95) -> BatchAdmission:
+        """HOLD when (almost) nothing is released now, IMMEDIATE when (almost) all is, else PRESSURE
+        (deferrable work fills the spare capacity the interactive classes leave)."""
+        if self.release_now_share <= hold_below:
+            return BatchAdmission.HOLD
+        if self.release_now_share >= immediate_above:
+            return BatchAdmission.IMMEDIATE
+        return BatchAdmission.PRESSURE
+
+
+def risk_adjusted_price(price: Interval, risk_aversion: float) -> float:
+    """point + risk_aversion * (hi80 - point) ($/MWh)."""
+    return price.point + risk_aversion * (price.hi80 - price.point)
+
+
+def schedule_deferral(
+    cohorts: Sequence[Cohort],
+    prices: Sequence[Interval],
+    spare_requests: Sequence[float],
+    energy_mwh_per_request: float,
+    risk_aversion: float = 0.5,
+    time_limit_s: float = 1.0,
+) -> DeferralSchedule:
+    """Solve the deferral LP (see the module docstring).
+
+    Parameters
+    ----------
+    cohorts : waiting and forecast deferrable work; deadlines may lie beyond the horizon.
+    prices : forecast price per period ($/MWh with intervals); K = len(prices).
+    spare_requests : deferrable requests each period can absorb beside interactive load (count).
+    energy_mwh_per_request : marginal energy of one deferrable request (MWh, incl. PUE).
+    risk_aversion : weight of the 80% upper interval in the price (0-1).
+    time_limit_s : solver time limit (s).
+
+    Examples
+    --------
+    >>> from worldmodel.forecast_types import Interval
+    >>> p = [Interval(v, v, v, v, v) for v in (100.0, 10.0)]
+    >>> s = schedule_deferral([Cohort(10, 0, 1)], p, [100, 100], 1e-4)
+    >>> s.admission().value, round(s.release[1], 3)
+    ('hold', 10.0)
+    """
+    import cvxpy as cp
+    import numpy as np
+
+    k_n, c_n = len(prices), len(cohorts)
+    if k_n != len(spare_requests):
+        raise ValueError("prices and spare_requests need one entry per period")
+    if c_n == 0 or sum(c.requests for c in cohorts) <= 0:
+        return DeferralSchedule(tuple(0.0 for _ in range(k_n)), 1.0, 0.0, "empty")
+    p = np.array([risk_adjusted_price(x, risk_aversion) for x in prices])
+    p_tail = float(p.mean())
+    n = np.array([c.requests for c in cohorts], dtype=float)
+    window = np.array([[c.arrival <= k <= c.deadline for k in range(k_n)] for c in cohorts], dtype=float)
+    open_end = np.array([c.deadline >= k_n for c in cohorts], dtype=float)
+
+    x = cp.Variable((c_n, k_n), nonneg=True)
+    tail = cp.Variable(c_n, nonneg=True)
+    late = cp.Variable(c_n, nonneg=True)
+    eps = 1e-6 * max(abs(p_tail), 1.0) * energy_mwh_per_request
+    cost = (cp.sum(x @ (energy_mwh_per_request * p + eps * np.arange(k_n)))
+            + energy_mwh_per_request * p_tail * cp.sum(tail) + LATE_PENALTY_USD * cp.sum(late))
+    cons = [
+        cp.sum(x, axis=1) + tail + late == n,
+        cp.multiply(x, 1.0 - window) == 0,
+        cp.multiply(tail, 1.0 - open_end) == 0,
+        cp.sum(x, axis=0) <= np.asarray(spare_requests, dtype=float),
+    ]
+    prob = cp.Problem(cp.Minimize(cost), cons)
+    prob.solve(solver=cp.HIGHS, time_limit=time_limit_s)
+    if x.value is None:
+        raise RuntimeError(f"deferral LP failed: {prob.status}")
+    release = np.clip(x.value.sum(axis=0), 0.0, None)
+    available_now = float(sum(c.requests for c in cohorts if c.arrival <= 0))
+    share = 1.0 if available_now <= 0 else min(float(release[0]) / available_now, 1.0)
+    return DeferralSchedule(tuple(float(r) for r in release), share, float(late.value.sum()),
+                            str(prob.status))
+
+
+def plan_deferral(
+    forecasts: Sequence[DisturbanceForecast],
+    plan: Plan,
+    serving: ServingModel,
+    slack_s: Sequence[float],
+    deferrable_class: str = "batch",
+    risk_aversion: float = 0.5,
+    target_utilization: float = 0.8,
+    pue: float = 1.3,
+) -> DeferralSchedule | None:
+    """Build the LP from the forecasts and solve it; None when no deferrable class is forecast.
+
+    Cohorts: the waiting backlog (deadlines from the forecast, s from period start) and each period's
+    forecast arrivals, split evenly over the observed deadline-slack quantiles `slack_s` (s). Spare capacity
+    per period: the ceilings of `plan`'s pools serving the class's model at `target_utilization`, less the
+    forecast interactive demand of that model. Energy per request: busy replica power / throughput x pue.
+    """
+    first = next((d for d in forecasts[0].demand if d.request_class == deferrable_class), None) \
+        if forecasts else None
+    if first is None:
+        return None
+    period_s = forecasts[0].period_s
+    pools = [p for p in plan.pools if p.model == first.model and p.replica_ceiling > 0]
+    if not pools:
+        return None
+    rps = [replica_rps(serving, p, first.input_tokens_mean, first.output_tokens_mean) for p in pools]
+    cap_rps = target_utilization * sum(p.replica_ceiling * r for p, r in zip(pools, rps, strict=True))
+    joules = [replica_power_w(serving, p, 1.0) / r for p, r in zip(pools, rps, strict=True)]
+    energy_mwh = sum(joules) / len(joules) / 3.6e9 * pue
+    cohorts: list[Cohort] = []
+    f0 = forecasts[0]
+    if f0.deferred_backlog_requests > 0:
+        deadlines = f0.deferred_deadlines_s or (float(slack_s[len(slack_s) // 2]),)
+        w = f0.deferred_backlog_requests / len(deadlines)
+        cohorts += [Cohort(w, 0, max(int(d // period_s), 0)) for d in deadlines]
+    spare = []
+    for k, f in enumerate(forecasts):
+        interactive = sum(max(d.arrivals_per_s.point, 0.0) for d in f.demand
+                          if d.model == first.model and d.request_class != deferrable_class)
+        spare.append(max(cap_rps - interactive, 0.0) * period_s)
+        batch = next((d for d in f.demand if d.request_class == deferrable_class), None)
+        if batch is not None and batch.arrivals_per_s.point > 0:
+            n = batch.arrivals_per_s.point * period_s / len(slack_s)
+            cohorts += [Cohort(n, k, k + int(s // period_s)) for s in slack_s]
+    return schedule_deferral(cohorts, [f.price_usd_mwh for f in forecasts], spare, energy_mwh, risk_aversion)

@@ -1,0 +1,86 @@
+"""The decision step after scoring: confidence fallback, hard gates, Pareto gate against the reference.
+
+The deterministic safe default is the reference policy's plan for the same period. It is recommended,
+flagged `fallback` with its reason, when forecast confidence is below the threshold, when no candidate
+passes the hard gates, or when no feasible candidate passes the Pareto gate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from optimizer.gates import GateResult, pareto_gate
+from optimizer.objective import Objective
+from optimizer.plan import Plan
+from worldmodel.forecast_types import PredictedOutcome
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A candidate plan with its predicted outcome, score (requests/$) and hard-gate results."""
+
+    plan: Plan
+    outcome: PredictedOutcome
+    score: float
+    gates: tuple[GateResult, ...]
+
+    @property
+    def feasible(self) -> bool:
+        return all(g.passed for g in self.gates)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The recommended plan, whether it is the fallback and why, and the gate results behind it."""
+
+    plan: Plan
+    outcome: PredictedOutcome | None
+    fallback: bool
+    reason: str | None
+    gates: tuple[GateResult, ...]
+
+
+def confidence_fallback(confidence: float, threshold: float) -> str | None:
+    """The fallback reason when forecast confidence (0-1) is below `threshold` (0-1), else None.
+
+    Examples
+    --------
+    >>> confidence_fallback(0.4, 0.6)
+    'forecast confidence 0.40 < threshold 0.60'
+    >>> confidence_fallback(0.9, 0.6) is None
+    True
+    """
+    if confidence < threshold:
+        return f"forecast confidence {confidence:.2f} < threshold {threshold:.2f}"
+    return None
+
+
+def decide(ranked: Sequence[Scored], reference: Scored, objective: Objective,
+           tolerance_pp: float = 0.1) -> Decision:
+    """Pick the best-scoring candidate that passes every hard gate and the Pareto gate; otherwise the
+    reference plan, flagged fallback, with the reason (no feasible candidate, or the best feasible
+    candidate's Pareto failure).
+
+    Parameters
+    ----------
+    ranked : scored candidates, best first.
+    reference : the reference policy's plan, scored and gated like a candidate.
+    objective : the ranking objective (the Pareto gate compares point and risk-adjusted gp/$).
+    tolerance_pp : allowed rise of any class's violation rate over the reference (percentage points).
+    """
+    feasible = [s for s in ranked if s.feasible]
+    if not feasible:
+        worst = next((g for g in ranked[0].gates if not g.passed), None) if ranked else None
+        why = f"{worst.name}: {worst.reason}" if worst else "no candidates"
+        return Decision(reference.plan, reference.outcome, True,
+                        f"no candidate passed the hard gates (best: {why})", reference.gates)
+    first_failure: GateResult | None = None
+    for s in feasible:
+        g = pareto_gate(s.outcome, reference.outcome, objective, tolerance_pp)
+        if g.passed:
+            return Decision(s.plan, s.outcome, False, None, (*s.gates, g))
+        first_failure = first_failure or g
+    assert first_failure is not None
+    return Decision(reference.plan, reference.outcome, True, f"pareto: {first_failure.reason}",
+                    (*reference.gates, first_failure))

@@ -1,0 +1,149 @@
+"""`aurelius publish`: replay history into the Kafka topics at a chosen speed-up, keeping event times.
+
+Sources (one per run):
+
+- `--from-dir DIR`: a replay's `--emit-observations` output, `DIR/observations/<kind>.parquet` (schema
+  field names; `DIR` itself may be the observations folder), or exported topics as `DIR/<kind>.jsonl`
+  (one wire record per line);
+- otherwise the bundled hourly prices of `--markets` over the window of `--start/--year/--window-rule`
+  and `--periods`.
+
+Records go out in the order they became observable (prices at `published_at`, the rest at `event_at`),
+paced so that `speedup` event-time seconds pass per wall second; each record's Kafka timestamp is its
+event time and its key is its idempotency key, so a re-published record is a duplicate the worker ignores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import heapq
+import json
+import time
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from streams.ingest import record_key
+from streams.pipeline import clock_time
+from streams.records import frame_to_wire, ts_from_wire
+from streams.topics import INPUT_KINDS, Topics, ensure_topics
+
+Item = tuple[datetime, int, str, dict[str, Any]]
+
+
+def _frame_records(kind: str, df: pl.DataFrame) -> list[dict[str, Any]]:
+    keep = [c for c in df.columns if c != "schema_version"]
+    return frame_to_wire(kind, df.select(keep), validate=False)
+
+
+def load_directory(directory: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """Wire records per kind from `<kind>.parquet` or `<kind>.jsonl` files (see module doc)."""
+    root = Path(directory)
+    if (root / "observations").is_dir():
+        root = root / "observations"
+    out: dict[str, list[dict[str, Any]]] = {}
+    for kind in INPUT_KINDS:
+        pq_path, jl_path = root / f"{kind}.parquet", root / f"{kind}.jsonl"
+        if pq_path.exists():
+            out[kind] = _frame_records(kind, pl.read_parquet(pq_path))
+        elif jl_path.exists():
+            out[kind] = [json.loads(line) for line in jl_path.read_text().splitlines() if line.strip()]
+    if not out:
+        raise FileNotFoundError(f"no <kind>.parquet or <kind>.jsonl under {root} (kinds: {', '.join(INPUT_KINDS)})")
+    return out
+
+
+def bundled_prices(markets: Iterable[str], year: int, rule: str, start: datetime | None,
+                   periods: int | None, period_minutes: float) -> dict[str, list[dict[str, Any]]]:
+    """Price records of the bundled series published up to the window's end, from a day before its start.
+
+    Parameters
+    ----------
+    markets : market names (PJM, ERCOT, CAISO).
+    year, rule, start : the window choice of `aurelius replay` (`streams.workload.window.select_window`).
+    periods, period_minutes : window length as control periods (count) of `period_minutes` (min);
+        None periods: 3 h.
+    """
+    from streams.datasets.prices import available_years, load_prices
+    from streams.workload.window import select_window
+
+    rows: list[dict[str, Any]] = []
+    for market in markets:
+        y = start.year if start else year
+        prices = load_prices(market, [v for v in (y - 1, y) if v in available_years(market)])
+        window = select_window(prices, year, rule=rule, start=start)  # type: ignore[arg-type]
+        end = window.start + (timedelta(minutes=periods * period_minutes) if periods else window.end - window.start)
+        sel = prices.filter(
+            (pl.col("published_at") <= end) & (pl.col("published_at") >= window.start - timedelta(days=1))
+        ).with_columns(event_at=pl.col("interval_start"), arrived_at=pl.col("published_at"))
+        rows.extend(_frame_records("price", sel))
+    return {"price": rows}
+
+
+def ordered(records: dict[str, list[dict[str, Any]]]) -> Iterator[Item]:
+    """All records merged in observable-time order: (clock time, seq, kind, record)."""
+    items: list[Item] = []
+    seq = 0
+    for kind, rows in records.items():
+        for r in rows:
+            items.append((clock_time(kind, r), seq, kind, r))
+            seq += 1
+    heapq.heapify(items)
+    while items:
+        yield heapq.heappop(items)
+
+
+async def publish(records: dict[str, list[dict[str, Any]]], bootstrap_servers: str, topics: Topics,
+                  speedup: float) -> int:
+    """Produce every record to its kind's topic, paced at `speedup` (event s per wall s; <= 0: flat out).
+
+    Returns the number of records produced (each acknowledged by the broker).
+    """
+    from aiokafka import AIOKafkaProducer
+
+    await ensure_topics(bootstrap_servers, topics.all())
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, enable_idempotence=False, acks="all",
+                                linger_ms=5, max_batch_size=256 * 1024)
+    await producer.start()
+    n = 0
+    try:
+        wall0 = time.monotonic()
+        first: datetime | None = None
+        pending = []
+        for at, _, kind, rec in ordered(records):
+            first = first or at
+            if speedup > 0:
+                delay = (at - first).total_seconds() / speedup - (time.monotonic() - wall0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            ts_ms = int(ts_from_wire(rec["event_at"]).timestamp() * 1000)
+            pending.append(await producer.send(
+                topics.for_kind(kind).name, json.dumps(rec).encode(), key=record_key(kind, rec).encode(),
+                timestamp_ms=ts_ms,
+            ))
+            n += 1
+            if len(pending) >= 10_000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return n
+
+
+def run(args: argparse.Namespace) -> int:
+    topics = Topics(prefix=args.topic_prefix)
+    if args.from_dir:
+        records = load_directory(args.from_dir)
+    else:
+        start = datetime.fromisoformat(args.start.replace("Z", "+00:00")) if args.start else None
+        records = bundled_prices(args.markets.split(","), args.year, args.window_rule, start, args.periods,
+                                 args.period_minutes)
+    n = asyncio.run(publish(records, args.bootstrap_servers, topics, args.speedup))
+    kinds = ", ".join(f"{k}: {len(v)}" for k, v in records.items())
+    print(f"published {n} records to {args.bootstrap_servers} ({kinds}) at speed-up {args.speedup}")
+    return 0

@@ -1,0 +1,315 @@
+"""Typed records of the six fixed-shape wire kinds, and their JSON and polars forms.
+
+The JSON Schemas in ``schemas/`` are the contract; these frozen dataclasses mirror them (tests check the
+field sets, required-ness and that every ``to_wire()`` validates). On the wire timestamps are RFC 3339 UTC
+strings with microseconds (``2023-07-01T13:00:00.000000Z``); in Python they are tz-aware ``datetime``; in
+frames polars ``Datetime("us", "UTC")``. ``schema_version`` is implied by the class and written by
+``to_wire``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from enum import StrEnum
+from types import NoneType, UnionType
+from typing import Any, ClassVar, Self, get_args, get_origin, get_type_hints
+
+import polars as pl
+
+from schemas import SCHEMA_VERSION, SchemaError, validator
+from streams.workload.protocol import RequestClass
+
+_WIRE_TS = "%Y-%m-%dT%H:%M:%S.%fZ"
+_FRAME_TS = "%Y-%m-%dT%H:%M:%S%.6fZ"
+_PARSE_TS = "%Y-%m-%dT%H:%M:%S%.f%#z"
+
+
+class Market(StrEnum):
+    PJM = "PJM"
+    ERCOT = "ERCOT"
+    CAISO = "CAISO"
+
+
+class MarketRun(StrEnum):
+    DAY_AHEAD_HOURLY = "DAY_AHEAD_HOURLY"
+    REAL_TIME_HOURLY = "REAL_TIME_HOURLY"
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+class FleetEventKind(StrEnum):
+    REPLICA_STARTED = "replica_started"
+    REPLICA_READY = "replica_ready"
+    REPLICA_STOPPED = "replica_stopped"
+    REPLICA_RECONFIGURED = "replica_reconfigured"
+
+
+def ts_to_wire(at: datetime) -> str:
+    """Format a tz-aware instant as the wire's RFC 3339 UTC string (microseconds, ``Z``)."""
+    if at.tzinfo is None:
+        raise ValueError(f"naive datetime {at!r}: wire timestamps must be tz-aware (UTC)")
+    return at.astimezone(UTC).strftime(_WIRE_TS)
+
+
+def ts_from_wire(text: str) -> datetime:
+    """Parse an RFC 3339 string into a UTC ``datetime``."""
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+def _codec(hint: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any], pl.DataType]:
+    """(to_wire, from_wire, polars dtype) for one annotated field type."""
+    if isinstance(hint, UnionType) and NoneType in get_args(hint):
+        (inner,) = (a for a in get_args(hint) if a is not NoneType)
+        out, inn, dtype = _codec(inner)
+        return (lambda v: None if v is None else out(v)), (lambda v: None if v is None else inn(v)), dtype
+    if hint is datetime:
+        return ts_to_wire, ts_from_wire, pl.Datetime("us", "UTC")
+    if get_origin(hint) is tuple:
+        item = get_args(hint)[0]
+        return list, tuple, pl.List(pl.Int64 if item is int else pl.String)
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        return str, hint, pl.String
+    simple = {float: pl.Float64, int: pl.Int64, str: pl.String, bool: pl.Boolean}
+    return (lambda v: v), (float if hint is float else lambda v: v), simple[hint]
+
+
+class WireRecord:
+    """Base of the typed records: ``KIND`` names the schema; codecs are derived from the annotations."""
+
+    __slots__ = ()
+    KIND: ClassVar[str]
+    _codecs: ClassVar[tuple[tuple[str, Callable[[Any], Any], Callable[[Any], Any], pl.DataType], ...]]
+
+    def __init_subclass__(cls, kind: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if kind:
+            cls.KIND = kind
+
+    @classmethod
+    def codecs(cls) -> tuple[tuple[str, Callable[[Any], Any], Callable[[Any], Any], pl.DataType], ...]:
+        """Per field: (name, to_wire, from_wire, polars dtype), in schema order."""
+        if "_codecs" not in cls.__dict__:
+            hints = get_type_hints(cls)
+            cls._codecs = tuple((f.name, *_codec(hints[f.name])) for f in fields(cls))  # type: ignore[arg-type]
+        return cls._codecs
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-ready wire dict (timestamps as RFC 3339 ``Z`` strings, tuples as lists)."""
+        wire: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        for name, out, _, _ in self.codecs():
+            wire[name] = out(getattr(self, name))
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any], *, validate: bool = True) -> Self:
+        """Build the record from its wire dict; ``validate`` checks the schema first (SchemaError if not)."""
+        if validate:
+            validator(cls.KIND)(dict(wire))
+        return cls(**{name: inn(wire[name]) for name, _, inn, _ in cls.codecs()})
+
+
+@dataclass(frozen=True, slots=True)
+class RequestArrival(WireRecord, kind="request_arrival"):
+    """A request at arrival; no output length (known only at completion). SLAs in ms, None if deferrable."""
+
+    request_id: str
+    event_at: datetime
+    arrived_at: datetime
+    request_class: RequestClass
+    model: str
+    input_tokens: int
+    prefix_block_ids: tuple[int, ...]
+    site: str
+    tenant: str
+    allowed_regions: tuple[str, ...]
+    sla_ttft_ms: float | None
+    sla_tpot_ms: float | None
+    deadline_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCompletion(WireRecord, kind="request_completion"):
+    """A finished request: tokens, instants, latencies (s) and its SLA outcome."""
+
+    request_id: str
+    event_at: datetime
+    arrived_at: datetime
+    request_class: RequestClass
+    model: str
+    site: str
+    replica_id: str
+    gpu_type: str
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    queued_at: datetime
+    first_token_at: datetime | None
+    ttft_s: float | None
+    tpot_s: float
+    e2e_s: float
+    sla_met: bool
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTelemetry(WireRecord, kind="gpu_telemetry"):
+    """One GPU sample, DCGM names and units (W, mJ, MHz, %, MiB, C); None = not reported in this sample."""
+
+    event_at: datetime
+    arrived_at: datetime
+    site: str
+    hostname: str
+    gpu: int | None
+    uuid: str | None
+    modelName: str | None  # noqa: N815 - DCGM label, kept verbatim
+    replica_id: str | None
+    model_name: str | None
+    DCGM_FI_DEV_POWER_USAGE: float | None  # noqa: N815
+    DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION: float | None  # noqa: N815
+    DCGM_FI_DEV_SM_CLOCK: float | None  # noqa: N815
+    DCGM_FI_DEV_GPU_UTIL: float | None  # noqa: N815
+    DCGM_FI_DEV_FB_USED: float | None  # noqa: N815
+    DCGM_FI_DEV_GPU_TEMP: float | None  # noqa: N815
+    num_requests_running: int | None
+    num_requests_waiting: int | None
+    kv_cache_usage_perc: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Price(WireRecord, kind="price"):
+    """One LMP interval ($/MWh) with the instant it was published; event_at = interval_start."""
+
+    market: Market
+    location: str
+    market_run: MarketRun
+    interval_start: datetime
+    interval_end: datetime
+    lmp_usd_mwh: float
+    published_at: datetime
+    event_at: datetime
+    arrived_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent(WireRecord, kind="fleet_event"):
+    """A replica lifecycle or configuration change (clock in MHz, batch cap in sequences)."""
+
+    event_at: datetime
+    arrived_at: datetime
+    site: str
+    replica_id: str
+    model: str
+    gpu_type: str
+    kind: FleetEventKind
+    tp: int
+    precision: str
+    sm_clock_mhz: int
+    max_batch: int
+    hostnames: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterRecord(WireRecord, kind="dead_letter"):
+    """A failed record: the original value byte-exact (base64 on the wire), where it came from, and why."""
+
+    reason: str
+    original_value_b64: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    failed_at: datetime
+    error_class: str
+
+
+#: The typed record class of each fixed-shape kind.
+RECORD_TYPES: dict[str, type[WireRecord]] = {
+    cls.KIND: cls
+    for cls in (RequestArrival, RequestCompletion, GpuTelemetry, Price, FleetEvent, DeadLetterRecord)
+}
+
+
+def _record_type(kind: str) -> type[WireRecord]:
+    try:
+        return RECORD_TYPES[kind]
+    except KeyError:
+        raise KeyError(
+            f"no typed record for kind {kind!r}; fixed-shape kinds: {', '.join(RECORD_TYPES)}"
+        ) from None
+
+
+def frame_schema(kind: str) -> dict[str, pl.DataType]:
+    """The polars schema of a ``kind`` frame (timestamps ``Datetime("us", "UTC")``), in wire field order."""
+    return {name: dtype for name, _, _, dtype in _record_type(kind).codecs()}
+
+
+def frame_to_wire(kind: str, df: pl.DataFrame, *, validate: bool = True) -> list[dict[str, Any]]:
+    """Turn a frame of ``kind`` records into JSON-ready wire dicts.
+
+    Parameters
+    ----------
+    kind : a fixed-shape record kind.
+    df : one row per record, one column per field (a ``schema_version`` column is optional); tz-aware
+        Datetime columns (any zone, converted to UTC).
+    validate : check every row against the schema (SchemaError naming the row and field).
+    """
+    schema = frame_schema(kind)
+    cols = [c for c in df.columns if c != "schema_version"]
+    missing, extra = [c for c in schema if c not in cols], sorted(set(cols) - set(schema))
+    if missing or extra:
+        field = (missing or extra)[0]
+        raise SchemaError(
+            kind, f"frame columns differ from the schema: missing {missing}, unexpected {extra}", field
+        )
+    exprs = []
+    for name in schema:
+        dtype = df.schema[name]
+        if isinstance(dtype, pl.Datetime):
+            if dtype.time_zone is None:
+                raise SchemaError(
+                    kind, f"column {name!r} is a naive Datetime; use a tz-aware (UTC) one", name
+                )
+            exprs.append(pl.col(name).dt.convert_time_zone("UTC").dt.strftime(_FRAME_TS))
+        else:
+            exprs.append(pl.col(name))
+    rows = df.select(pl.lit(SCHEMA_VERSION).alias("schema_version"), *exprs).to_dicts()
+    if validate:
+        _validate_rows(kind, rows)
+    return rows
+
+
+def wire_to_frame(kind: str, rows: Iterable[Mapping[str, Any]], *, validate: bool = True) -> pl.DataFrame:
+    """Build a polars frame of ``kind`` from wire dicts (timestamps -> ``Datetime("us", "UTC")``).
+
+    Parameters
+    ----------
+    kind : a fixed-shape record kind.
+    rows : wire dicts, e.g. decoded Kafka values.
+    validate : check every row against the schema first (SchemaError naming the row and field).
+    """
+    rows = list(rows)
+    if validate:
+        _validate_rows(kind, rows)
+    schema = frame_schema(kind)
+    raw = {n: pl.String if isinstance(d, pl.Datetime) else d for n, d in schema.items()}
+    df = pl.DataFrame([{n: r[n] for n in schema} for r in rows], schema=raw, orient="row")
+    return df.with_columns(
+        pl.col(n).str.to_datetime(_PARSE_TS, time_unit="us", time_zone="UTC")
+        for n, d in schema.items()
+        if isinstance(d, pl.Datetime)
+    )
+
+
+def _validate_rows(kind: str, rows: list[Mapping[str, Any]]) -> None:
+    check = validator(kind)
+    for i, row in enumerate(rows):
+        try:
+            check(row)  # type: ignore[arg-type]
+        except SchemaError as exc:
+            raise SchemaError(kind, f"row {i}: {exc.reason}", exc.field) from None

@@ -1,0 +1,30 @@
+"""Compiled reconfiguration: a precision change reloads a replica's weights; its sequences are requeued."""
+
+from __future__ import annotations
+
+from numba import njit
+
+from worldmodel.groundtruth.engine import enqueue
+from worldmodel.groundtruth.scaler import log_event
+from worldmodel.groundtruth.state import C_LOAD, EV_RECONFIGURED, LOADING
+
+
+@njit(cache=True)
+def reload_replica(rep, pools, req, q, logs, si, r: int, t: float) -> None:
+    """Requeue replica r's sequences (recompute later), then hold its GPUs loading the new weights."""
+    for k in range(rep.n[r]):
+        i = rep.seqs[r, k]
+        req.preempted[i] += 1
+        req.rep[i] = -1
+        enqueue(req, q, si, i, True)
+    p = rep.pool[r]
+    rep.n[r] = 0
+    rep.kv[r] = 0
+    rep.stepping[r] = 0
+    rep.version[r] += 1
+    rep.cache[r, :] = -1
+    rep.coef[r, :] = pools.coef[p, :]
+    rep.prec[r] = pools.prec[p]
+    rep.state[r] = LOADING
+    rep.ready_at[r] = t + pools.coef[p, C_LOAD]
+    log_event(logs, t, r, EV_RECONFIGURED)

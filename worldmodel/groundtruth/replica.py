@@ -1,0 +1,243 @@
+"""Compiled per-replica serving: continuous batching with chunked prefill, event-to-event decode jumps,
+prefix cache, KV limits and preemption.
+
+A replica runs either one mixed iteration (prefill chunks + one decode token per running sequence) or,
+when nothing is left to prefill, a jump of k identical decode steps up to its next completion. Between
+events the batch is fixed, so the hot loop advances per event, not per token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from worldmodel.groundtruth.state import (
+    C_BASE,
+    C_KV,
+    C_KVCAP,
+    C_PATTN,
+    C_PTOK,
+    C_SEQ,
+    CACHE_SLOTS,
+    MAX_BATCH,
+    S_THROTTLE,
+    S_TOKEN_BUDGET,
+)
+
+BLOCK_TOKENS = 512
+
+
+@njit(cache=True)
+def slowdown(rep, r: int, sf) -> tuple:
+    """Hidden multipliers (compute-bound, memory-bound) from node variation, thermal state and power cap."""
+    thermal = 1.0 + max(0.0, rep.heat[r] - 0.75) * 0.4  # up to +10% when hot
+    throttle = sf[S_THROTTLE]
+    compute = rep.speed[r] * thermal / throttle
+    memory = rep.speed[r] * (thermal / throttle) ** 0.2
+    return compute, memory
+
+
+@njit(cache=True)
+def iteration_time(rep, r: int, sf, n_dec: int, kv_tokens: float, p_tok: float, p_attn: float) -> float:
+    """Wall time (s) of one iteration with n_dec decode sequences and p_tok prefill tokens."""
+    c = rep.coef[r]
+    compute, memory = slowdown(rep, r, sf)
+    t_mem = c[C_BASE] + c[C_SEQ] * n_dec + c[C_KV] * kv_tokens
+    t_cmp = c[C_PTOK] * p_tok + c[C_PATTN] * p_attn
+    return t_mem * memory + t_cmp * compute
+
+
+@njit(cache=True)
+def cache_lookup(rep, r: int, req, i: int) -> int:
+    """Leading prefix blocks of request i resident in replica r's cache."""
+    off = req.pfx_off[i]
+    m = 0
+    for b in range(req.pfx_len[i]):
+        blk = req.pfx_blocks[off + b]
+        if rep.cache[r, blk % CACHE_SLOTS] != blk:
+            break
+        m += 1
+    return m
+
+
+@njit(cache=True)
+def cache_insert(rep, r: int, req, i: int) -> None:
+    off = req.pfx_off[i]
+    for b in range(req.pfx_len[i]):
+        blk = req.pfx_blocks[off + b]
+        rep.cache[r, blk % CACHE_SLOTS] = blk
+
+
+@njit(cache=True)
+def join(rep, r: int, req, i: int, t: float) -> None:
+    """Add request i to replica r's running set (it takes part from the next iteration)."""
+    k = rep.n[r]
+    rep.seqs[r, k] = i
+    rep.active[r, k] = 0
+    rep.chunk[r, k] = 0
+    rep.n[r] = k + 1
+    req.rep[i] = r
+    if req.preempted[i] == 0:
+        req.dispatched[i] = t
+        hit = cache_lookup(rep, r, req, i) * BLOCK_TOKENS
+        if hit >= req.inp[i]:
+            hit = req.inp[i] - 1
+        req.cached[i] = hit
+        req.prefill_left[i] = req.inp[i] - hit
+    else:
+        req.prefill_left[i] = req.inp[i] + req.gen[i]  # recompute after preemption
+    rep.kv[r] += req.inp[i] + req.gen[i]
+
+
+@njit(cache=True)
+def has_room(rep, r: int, max_batch: int, req, i: int) -> bool:
+    """Free batch slot and KV (95% watermark) for request i's prompt."""
+    if rep.n[r] >= max_batch or rep.n[r] >= MAX_BATCH:
+        return False
+    return rep.kv[r] + req.inp[i] <= 0.95 * rep.coef[r, C_KVCAP]
+
+
+@njit(cache=True)
+def remove_at(rep, r: int, k: int) -> None:
+    last = rep.n[r] - 1
+    rep.seqs[r, k] = rep.seqs[r, last]
+    rep.active[r, k] = rep.active[r, last]
+    rep.chunk[r, k] = rep.chunk[r, last]
+    rep.n[r] = last
+
+
+@njit(cache=True)
+def plan_step(rep, r: int, req, sf, t: float) -> float:
+    """Compose the next iteration of replica r at time t; return its end time (inf when idle).
+
+    Mixed iteration if any active sequence has prompt left to prefill, else a decode jump to the next
+    completion. Sets active/chunk flags, jump_k and the step window.
+    """
+    n = rep.n[r]
+    if n == 0:
+        rep.stepping[r] = 0
+        return math.inf
+    budget = sf[S_TOKEN_BUDGET]
+    n_dec = 0
+    p_tok = 0.0
+    p_attn = 0.0
+    kv_tokens = 0.0
+    min_left = 1 << 40
+    for k in range(n):
+        i = rep.seqs[r, k]
+        rep.active[r, k] = 1
+        ctx = req.inp[i] + req.gen[i]
+        if req.prefill_left[i] > 0:
+            c = min(req.prefill_left[i], int(budget - p_tok))
+            if c < 0:
+                c = 0
+            rep.chunk[r, k] = c
+            if c > 0:
+                done_before = ctx - req.prefill_left[i]
+                p_tok += c
+                p_attn += c * (done_before + 0.5 * c)
+                kv_tokens += done_before
+            else:
+                rep.active[r, k] = 0
+        else:
+            rep.chunk[r, k] = 0
+            n_dec += 1
+            kv_tokens += ctx
+            left = req.out[i] - req.gen[i]
+            if left < min_left:
+                min_left = left
+    rep.stepping[r] = 1
+    rep.step_start[r] = t
+    if p_tok > 0.0 or n_dec == 0:
+        rep.jump_k[r] = 0
+        dt = iteration_time(rep, r, sf, n_dec, kv_tokens, p_tok, p_attn)
+    else:
+        # decode jump: k steps, context growing by n_dec tokens per step
+        k_steps = max(1, min_left)
+        room = rep.coef[r, C_KVCAP] - rep.kv[r]
+        if room < n_dec * k_steps:
+            k_steps = max(1, int(room // max(n_dec, 1)))
+        rep.jump_k[r] = k_steps
+        c = rep.coef[r]
+        _, memory = slowdown(rep, r, sf)
+        dt0 = iteration_time(rep, r, sf, n_dec, kv_tokens, 0.0, 0.0)
+        dt = k_steps * dt0 + c[C_KV] * memory * n_dec * k_steps * (k_steps - 1) * 0.5
+    rep.step_end[r] = t + dt
+    return t + dt
+
+
+@njit(cache=True)
+def truncate_jump(rep, r: int, t: float) -> float:
+    """Cut replica r's decode jump at the first step boundary after t; return the new end time."""
+    k = rep.jump_k[r]
+    if k <= 1 or rep.stepping[r] == 0:
+        return rep.step_end[r]
+    span = rep.step_end[r] - rep.step_start[r]
+    per = span / k
+    done = int(math.ceil((t - rep.step_start[r]) / per - 1e-9))
+    if done < 1:
+        done = 1
+    if done >= k:
+        return rep.step_end[r]
+    rep.jump_k[r] = done
+    rep.step_end[r] = rep.step_start[r] + done * per
+    return rep.step_end[r]
+
+
+@njit(cache=True)
+def finish_step(rep, r: int, req, t: float, completed: np.ndarray, n_completed: np.ndarray) -> int:
+    """Apply the effects of replica r's iteration or jump ending at t; return completions."""
+    k_steps = rep.jump_k[r]
+    n_done = 0
+    k = 0
+    while k < rep.n[r]:
+        if rep.active[r, k] == 0:
+            k += 1
+            continue
+        i = rep.seqs[r, k]
+        if k_steps > 0:
+            req.gen[i] += k_steps
+            rep.kv[r] += k_steps
+        elif rep.chunk[r, k] > 0:
+            req.prefill_left[i] -= rep.chunk[r, k]
+            if req.prefill_left[i] <= 0:
+                req.prefill_left[i] = 0
+                cache_insert(rep, r, req, i)
+                if req.gen[i] == 0:
+                    req.first[i] = t
+                    req.gen[i] = 1
+                    rep.kv[r] += 1
+        else:
+            req.gen[i] += 1
+            rep.kv[r] += 1
+        if req.gen[i] >= req.out[i] and req.prefill_left[i] == 0:
+            req.done[i] = t
+            rep.kv[r] -= req.inp[i] + req.gen[i]
+            completed[n_completed[0]] = i
+            n_completed[0] += 1
+            n_done += 1
+            remove_at(rep, r, k)
+            continue
+        k += 1
+    rep.stepping[r] = 0
+    return n_done
+
+
+@njit(cache=True)
+def preempt_if_full(rep, r: int, req) -> int:
+    """Preempt the newest sequences while KV use exceeds capacity; return the first preempted id or -1.
+
+    Preempted requests keep their generated tokens and recompute their context when readmitted (vLLM's
+    recompute preemption); the caller puts them back at the head of their queue.
+    """
+    if rep.kv[r] <= rep.coef[r, C_KVCAP] or rep.n[r] <= 1:
+        return -1
+    k = rep.n[r] - 1
+    i = rep.seqs[r, k]
+    rep.kv[r] -= req.inp[i] + req.gen[i]
+    remove_at(rep, r, k)
+    req.preempted[i] += 1
+    req.rep[i] = -1
+    return i

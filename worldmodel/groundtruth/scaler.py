@@ -1,0 +1,301 @@
+"""Compiled fleet control inside a period: the HPA-like autoscaler (15 s), replica lifecycle, GPU placement,
+and the 10 s telemetry tick with the site power-cap controller and the hidden thermal state."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from worldmodel.groundtruth.state import (
+    ADM_HOLD,
+    C_IDLE,
+    C_KVCAP,
+    C_LOAD,
+    C_MAXP,
+    DRAINING,
+    EV_READY,
+    EV_STARTED,
+    EV_STOPPED,
+    LOADING,
+    OFF,
+    S_ADMISSION,
+    S_AS_TARGET,
+    S_AUTOSCALE,
+    S_AS_TICK,
+    S_GAMMA,
+    S_LOAD_POWER_FRAC,
+    S_NODE_OVERHEAD_A100,
+    S_NODE_OVERHEAD_H100,
+    S_POWER_CAP,
+    S_THROTTLE,
+    WARM,
+)
+
+TEL_DT = 10.0
+STABILIZATION_TICKS = 20  # 300 s of 15 s ticks
+TOLERANCE = 0.1
+
+
+@njit(cache=True)
+def log_event(logs, t: float, r: int, kind: int) -> None:
+    k = logs.n_ev[0]
+    if k < logs.ev_t.shape[0]:
+        logs.ev_t[k] = t
+        logs.ev_rep[k] = r
+        logs.ev_kind[k] = kind
+        logs.n_ev[0] = k + 1
+
+
+@njit(cache=True)
+def allocate_gpus(hw, gpu_type: int, tp: int, r: int) -> int:
+    """First-fit an aligned block of tp free GPUs of a type on one node; return the first GPU or -1."""
+    g = 0
+    n = hw.g_type.shape[0]
+    while g + tp <= n:
+        if hw.g_type[g] == gpu_type and hw.g_node[g] == hw.g_node[g + tp - 1]:
+            free = True
+            for k in range(tp):
+                if hw.g_owner[g + k] >= 0:
+                    free = False
+                    break
+            if free:
+                for k in range(tp):
+                    hw.g_owner[g + k] = r
+                return g
+        g += tp
+    return -1
+
+
+@njit(cache=True)
+def start_replica(rep, pools, hw, logs, p: int, t: float) -> bool:
+    for r in range(pools.slot_lo[p], pools.slot_hi[p]):
+        if rep.state[r] == OFF:
+            g0 = allocate_gpus(hw, pools.gpu[p], pools.tp[p], r)
+            if g0 < 0:
+                return False
+            rep.gpu0[r] = g0
+            rep.speed[r] = hw.node_speed[hw.g_node[g0]]
+            rep.state[r] = LOADING
+            rep.coef[r, :] = pools.coef[p, :]
+            rep.prec[r] = pools.prec[p]
+            rep.ready_at[r] = t + pools.coef[p, C_LOAD]
+            rep.started_at[r] = t
+            rep.n[r] = 0
+            rep.kv[r] = 0
+            rep.cache[r, :] = -1
+            rep.busy_acc[r] = 0.0
+            rep.busy_mark[r] = t
+            log_event(logs, t, r, EV_STARTED)
+            return True
+    return False
+
+
+@njit(cache=True)
+def stop_replica(rep, hw, logs, r: int, t: float) -> None:
+    g0 = rep.gpu0[r]
+    if g0 >= 0:
+        for g in range(hw.g_owner.shape[0]):
+            if hw.g_owner[g] == r:
+                hw.g_owner[g] = -1
+    rep.gpu0[r] = -1
+    rep.state[r] = OFF
+    rep.stepping[r] = 0
+    rep.version[r] += 1
+    log_event(logs, t, r, EV_STOPPED)
+
+
+@njit(cache=True)
+def pool_count(rep, pools, p: int) -> int:
+    c = 0
+    for r in range(pools.slot_lo[p], pools.slot_hi[p]):
+        if rep.state[r] == WARM or rep.state[r] == LOADING:
+            c += 1
+    return c
+
+
+@njit(cache=True)
+def drain_one(rep, pools, hw, logs, p: int, t: float) -> None:
+    """Mark the least-busy replica of pool p draining (loading ones are stopped at once)."""
+    best = -1
+    best_n = 1 << 30
+    for r in range(pools.slot_lo[p], pools.slot_hi[p]):
+        if rep.state[r] == LOADING:
+            stop_replica(rep, hw, logs, r, t)
+            return
+        if rep.state[r] == WARM and rep.n[r] < best_n:
+            best_n = rep.n[r]
+            best = r
+    if best >= 0:
+        rep.state[best] = DRAINING
+        if rep.n[best] == 0 and rep.stepping[best] == 0:
+            stop_replica(rep, hw, logs, best, t)
+
+
+@njit(cache=True)
+def model_demand(rep, pools, req, q, si, m: int) -> tuple:
+    """(replicas warm or loading, warm batch slots, running, kv used, kv capacity, waiting) for model m."""
+    current = 0
+    slots = 0.0
+    running = 0.0
+    kv = 0.0
+    kvcap = 0.0
+    for r in range(rep.n.shape[0]):
+        if rep.state[r] == OFF:
+            continue
+        p = rep.pool[r]
+        if pools.model[p] != m or rep.state[r] == DRAINING:
+            continue
+        current += 1
+        if rep.state[r] == WARM:
+            slots += pools.max_batch[p]
+            running += rep.n[r]
+            kv += rep.kv[r]
+            kvcap += rep.coef[r, C_KVCAP]
+    waiting = float(q.itail[m] - q.ihead[m])
+    if si[S_ADMISSION] != ADM_HOLD:
+        waiting += q.bn[m]
+    return current, slots, running, kv, kvcap, waiting
+
+
+@njit(cache=True)
+def autoscale_tick(rep, pools, req, q, hw, logs, sf, si, t: float) -> None:
+    """HPA-like control per model, then placement of the desired count onto pools by priority."""
+    n_models = q.bn.shape[0]
+    n_pools = pools.model.shape[0]
+    tick = si[S_AS_TICK]
+    si[S_AS_TICK] = tick + 1
+    target = sf[S_AS_TARGET]
+    for m in range(n_models):
+        floor_sum = 0
+        ceil_sum = 0
+        for p in range(n_pools):
+            if pools.model[p] == m:
+                floor_sum += pools.floor[p]
+                ceil_sum += pools.ceil[p]
+        current, slots, running, kv, kvcap, waiting = model_demand(rep, pools, req, q, si, m)
+        if si[S_AUTOSCALE] == 1:
+            if slots > 0:
+                u = max((running + waiting) / slots, kv / max(kvcap, 1.0) + waiting / slots)
+                warm = current
+                ratio = u / target
+                if abs(ratio - 1.0) <= TOLERANCE:
+                    desired = current
+                else:
+                    desired = int(math.ceil(warm * ratio))
+            else:
+                desired = current if (running + waiting) == 0 else max(current, 1)
+            desired = min(desired, max(2 * current, current + 4))
+            pools.desired_hist[m, tick % STABILIZATION_TICKS] = desired
+            if desired < current:
+                hist_max = 0
+                for k in range(STABILIZATION_TICKS):
+                    hist_max = max(hist_max, pools.desired_hist[m, k])
+                desired = min(current, hist_max)
+        else:
+            desired = floor_sum
+        desired = max(floor_sum, min(ceil_sum, desired))
+        place_desired(rep, pools, hw, logs, m, desired, t)
+
+
+@njit(cache=True)
+def place_desired(rep, pools, hw, logs, m: int, desired: int, t: float) -> None:
+    """Split a model's desired replicas over its pools: floors, then keep existing, then grow by priority."""
+    n_pools = pools.model.shape[0]
+    target = np.zeros(n_pools, np.int64)
+    left = desired
+    for p in range(n_pools):
+        if pools.model[p] == m:
+            target[p] = pools.floor[p]
+            left -= pools.floor[p]
+    for phase in range(2):
+        for pr in range(n_pools):  # priority order: smallest priority value first
+            for p in range(n_pools):
+                if pools.model[p] != m or pools.priority[p] != pr or left <= 0:
+                    continue
+                cap = pools.ceil[p] if phase == 1 else min(pools.ceil[p], pool_count(rep, pools, p))
+                add = min(left, max(0, cap - target[p]))
+                target[p] += add
+                left -= add
+    for p in range(n_pools):
+        if pools.model[p] != m:
+            continue
+        cur = pool_count(rep, pools, p)
+        while cur < target[p]:
+            if not start_replica(rep, pools, hw, logs, p, t):
+                break
+            cur += 1
+        while cur > target[p]:
+            drain_one(rep, pools, hw, logs, p, t)
+            cur -= 1
+
+
+@njit(cache=True)
+def telemetry_tick(rep, pools, req, q, hw, logs, sf, si, t: float) -> None:
+    """Sample every live replica (DCGM-style), advance lifecycle and thermal state, run the power-cap loop."""
+    site_w = 0.0
+    gpus = 0.0
+    loading = 0.0
+    throttle = sf[S_THROTTLE]
+    gamma = sf[S_GAMMA]
+    n_nodes = hw.node_speed.shape[0]
+    node_on = np.zeros(n_nodes, np.int64)
+    for r in range(rep.n.shape[0]):
+        st = rep.state[r]
+        if st == OFF:
+            continue
+        p = rep.pool[r]
+        if rep.stepping[r] == 1:
+            start = max(rep.step_start[r], rep.busy_mark[r])
+            if t > start:
+                rep.busy_acc[r] += t - start
+            rep.busy_mark[r] = t
+        util = min(1.0, rep.busy_acc[r] / TEL_DT)
+        rep.busy_acc[r] = 0.0
+        fclk = pools.clock[p] / pools.clock_max[p]
+        rep.heat[r] += (util * fclk * fclk - rep.heat[r]) * TEL_DT / 300.0
+        thermal = 1.0 + max(0.0, rep.heat[r] - 0.75) * 0.4
+        clock_eff = pools.clock[p] * throttle / thermal
+        frac = sf[S_LOAD_POWER_FRAC] if st == LOADING else util
+        idle = rep.coef[r, C_IDLE]
+        p_gpu = idle + (rep.coef[r, C_MAXP] - idle) * frac * (clock_eff / pools.clock_max[p]) ** gamma
+        tp = pools.tp[p]
+        site_w += p_gpu * tp
+        gpus += tp
+        if st == LOADING:
+            loading += tp
+        node_on[hw.g_node[rep.gpu0[r]]] = 1
+        k = logs.n_tel[0]
+        if k < logs.tel_t.shape[0]:
+            logs.tel_t[k] = t
+            logs.tel_rep[k] = r
+            logs.tel_power_w[k] = p_gpu
+            logs.tel_util[k] = util if st != LOADING else 0.0
+            logs.tel_clock[k] = clock_eff
+            logs.tel_kv[k] = rep.kv[r] / max(rep.coef[r, C_KVCAP], 1.0)
+            logs.tel_running[k] = rep.n[r]
+            logs.tel_waiting[k] = q.itail[pools.model[p]] - q.ihead[pools.model[p]]
+            logs.tel_temp[k] = 32.0 + 50.0 * rep.heat[r]
+            logs.tel_state[k] = st
+            logs.n_tel[0] = k + 1
+        if st == LOADING and t >= rep.ready_at[r]:
+            rep.state[r] = WARM
+            log_event(logs, t, r, EV_READY)
+        elif st == DRAINING and rep.n[r] == 0 and rep.stepping[r] == 0:
+            stop_replica(rep, hw, logs, r, t)
+    for nd in range(n_nodes):
+        if node_on[nd] == 1:
+            site_w += sf[S_NODE_OVERHEAD_H100] if hw.node_type[nd] == 0 else sf[S_NODE_OVERHEAD_A100]
+    k = logs.n_site[0]
+    if k < logs.site_t.shape[0]:
+        logs.site_t[k] = t
+        logs.site_it_w[k] = site_w
+        logs.site_gpus[k] = gpus
+        logs.site_gpus_loading[k] = loading
+        logs.n_site[0] = k + 1
+    cap = sf[S_POWER_CAP]
+    if site_w > cap:
+        sf[S_THROTTLE] = max(0.5, throttle * 0.95)
+    elif site_w < 0.97 * cap and throttle < 1.0:
+        sf[S_THROTTLE] = min(1.0, throttle * 1.02)

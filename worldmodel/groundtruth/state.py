@@ -1,0 +1,168 @@
+"""Array state of the simulator (numba-friendly named tuples of arrays).
+
+Layout follows Vidur's split: requests and replicas are entities, the engine holds the event loop, the
+dispatcher and autoscaler are the scheduler. Units: times in s since window start, tokens, W, MHz.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+MAX_BATCH = 512  # hard cap on sequences per replica (array width)
+CACHE_SLOTS = 2048  # direct-mapped prefix-cache slots per replica (512-token blocks)
+N_COEF = 9
+# Coefficient row order (see worldmodel.physics.COEFF_FIELDS); copied here by name at setup.
+C_BASE, C_SEQ, C_KV, C_PTOK, C_PATTN, C_KVCAP, C_LOAD, C_IDLE, C_MAXP = range(N_COEF)
+
+# replica states
+OFF, LOADING, WARM, DRAINING = 0, 1, 2, 3
+# fleet event kinds
+EV_STARTED, EV_READY, EV_STOPPED, EV_RECONFIGURED = 0, 1, 2, 3
+# batch admission
+ADM_IMMEDIATE, ADM_PRESSURE, ADM_HOLD = 0, 1, 2
+# routing
+RT_PREFIX_LOAD, RT_LEAST_LOAD, RT_ROUND_ROBIN = 0, 1, 2
+
+
+class Requests(NamedTuple):
+    arrival: np.ndarray  # f8 s
+    cls: np.ndarray  # i8 class index (0 code, 1 chat, 2 batch)
+    model: np.ndarray  # i8 model index
+    inp: np.ndarray  # i8 input tokens
+    out: np.ndarray  # i8 output tokens (ground truth; the runtime never reads it before completion)
+    deadline: np.ndarray  # f8 s (batch: deadline; interactive: arrival + TTFT SLO)
+    pfx_off: np.ndarray  # i8 offset into pfx_blocks
+    pfx_len: np.ndarray  # i8 number of prefix blocks
+    pfx_blocks: np.ndarray  # i8 flat block ids
+    # outcomes
+    rep: np.ndarray  # i8 replica that served it (-1)
+    dispatched: np.ndarray  # f8 s
+    first: np.ndarray  # f8 s (nan)
+    done: np.ndarray  # f8 s (nan)
+    cached: np.ndarray  # i8 prefix tokens served from cache
+    gen: np.ndarray  # i8 tokens generated so far
+    prefill_left: np.ndarray  # i8 prompt tokens still to prefill
+    preempted: np.ndarray  # i8 times preempted
+
+
+class Replicas(NamedTuple):
+    pool: np.ndarray  # i8
+    state: np.ndarray  # i8
+    ready_at: np.ndarray  # f8
+    node: np.ndarray  # i8 first node index
+    speed: np.ndarray  # f8 hidden per-node step-time multiplier
+    heat: np.ndarray  # f8 hidden thermal state 0-1
+    coef: np.ndarray  # f8 [R, N_COEF] at the replica's precision and clock
+    prec: np.ndarray  # i8 precision loaded
+    n: np.ndarray  # i8 sequences in the running set
+    seqs: np.ndarray  # i8 [R, MAX_BATCH] request ids
+    active: np.ndarray  # i8 [R, MAX_BATCH] 1 if part of the current iteration
+    chunk: np.ndarray  # i8 [R, MAX_BATCH] prefill tokens scheduled this iteration
+    kv: np.ndarray  # i8 KV tokens in use
+    stepping: np.ndarray  # i8 1 while an iteration/jump is in flight
+    step_start: np.ndarray  # f8
+    step_end: np.ndarray  # f8
+    jump_k: np.ndarray  # i8 decode steps in the current jump (0 = one mixed iteration)
+    version: np.ndarray  # i8 invalidates stale heap events
+    busy_mark: np.ndarray  # f8 busy time credited up to here
+    busy_acc: np.ndarray  # f8 busy seconds in the current telemetry tick
+    cache: np.ndarray  # i8 [R, CACHE_SLOTS] prefix block ids (-1 empty)
+    started_at: np.ndarray  # f8
+    gpu0: np.ndarray  # i8 first physical GPU index (-1 when off)
+
+
+class Hardware(NamedTuple):
+    """Physical GPUs (node-major) and nodes of the site."""
+
+    g_type: np.ndarray  # i8 GPU type index per GPU
+    g_node: np.ndarray  # i8 node per GPU
+    g_owner: np.ndarray  # i8 replica using the GPU (-1 free)
+    node_speed: np.ndarray  # f8 hidden step-time multiplier per node (0.85-1.15)
+    node_type: np.ndarray  # i8
+
+
+class Pools(NamedTuple):
+    model: np.ndarray  # i8
+    gpu: np.ndarray  # i8
+    tp: np.ndarray  # i8
+    floor: np.ndarray  # i8
+    ceil: np.ndarray  # i8
+    max_batch: np.ndarray  # i8
+    clock: np.ndarray  # f8 MHz planned
+    clock_max: np.ndarray  # f8 MHz
+    prec: np.ndarray  # i8
+    coef: np.ndarray  # f8 [P, N_COEF] at planned precision and clock
+    priority: np.ndarray  # i8 lower = scaled up first
+    slot_lo: np.ndarray  # i8 replica slot range [lo, hi)
+    slot_hi: np.ndarray  # i8
+    desired_hist: np.ndarray  # i8 [P, 20] desired replicas over the last 300 s (15 s ticks)
+
+
+class Queues(NamedTuple):
+    # interactive FIFO deques per model (ring buffers)
+    iq: np.ndarray  # i8 [M, cap]
+    ihead: np.ndarray  # i8 [M]
+    itail: np.ndarray  # i8 [M]
+    # deferrable heap per model keyed by deadline (EDF) or arrival (FCFS)
+    bq: np.ndarray  # i8 [M, cap]
+    bkey: np.ndarray  # f8 [M, cap]
+    bn: np.ndarray  # i8 [M]
+
+
+class Logs(NamedTuple):
+    completed: np.ndarray  # i8 request ids in completion order
+    n_completed: np.ndarray  # i8 [1]
+    # telemetry per replica per 10 s tick
+    tel_t: np.ndarray  # f8
+    tel_rep: np.ndarray  # i8
+    tel_power_w: np.ndarray  # f8 per GPU
+    tel_util: np.ndarray  # f8 0-1
+    tel_clock: np.ndarray  # f8 MHz effective
+    tel_kv: np.ndarray  # f8 0-1
+    tel_running: np.ndarray  # i8
+    tel_waiting: np.ndarray  # i8
+    tel_temp: np.ndarray  # f8 C
+    tel_state: np.ndarray  # i8
+    n_tel: np.ndarray  # i8 [1]
+    # fleet events
+    ev_t: np.ndarray  # f8
+    ev_rep: np.ndarray  # i8
+    ev_kind: np.ndarray  # i8
+    n_ev: np.ndarray  # i8 [1]
+    # site accounting per telemetry tick
+    site_t: np.ndarray  # f8
+    site_it_w: np.ndarray  # f8 site IT power (W)
+    site_gpus: np.ndarray  # f8 GPUs warm or loading
+    site_gpus_loading: np.ndarray  # f8
+    n_site: np.ndarray  # i8 [1]
+
+
+class Scalars(NamedTuple):
+    """Mutable scalars as 1-element arrays: index meanings in the S_* constants."""
+
+    f: np.ndarray  # f8
+    i: np.ndarray  # i8
+
+
+# float scalars
+S_NOW, S_NEXT_TEL, S_NEXT_AS, S_THROTTLE, S_POWER_CAP, S_NODE_OVERHEAD_H100, S_NODE_OVERHEAD_A100 = range(7)
+S_GAMMA, S_TOKEN_BUDGET, S_RELEASE_MARGIN, S_AS_TARGET, S_LOAD_POWER_FRAC = range(7, 12)
+N_FSCALARS = 12
+# int scalars
+S_ARR_PTR, S_ADMISSION, S_ROUTING, S_EDF, S_AUTOSCALE, S_RR, S_HEAP_N, S_AS_TICK = range(8)
+N_ISCALARS = 8
+
+
+def alloc_logs(n_requests: int, tel_cap: int, ev_cap: int, site_cap: int) -> Logs:
+    f8, i8 = np.float64, np.int64
+    return Logs(
+        np.zeros(n_requests, i8), np.zeros(1, i8),
+        np.zeros(tel_cap, f8), np.zeros(tel_cap, i8), np.zeros(tel_cap, f8), np.zeros(tel_cap, f8),
+        np.zeros(tel_cap, f8), np.zeros(tel_cap, f8), np.zeros(tel_cap, i8), np.zeros(tel_cap, i8),
+        np.zeros(tel_cap, f8), np.zeros(tel_cap, i8), np.zeros(1, i8),
+        np.zeros(ev_cap, f8), np.zeros(ev_cap, i8), np.zeros(ev_cap, i8), np.zeros(1, i8),
+        np.zeros(site_cap, f8), np.zeros(site_cap, f8), np.zeros(site_cap, f8), np.zeros(site_cap, f8),
+        np.zeros(1, i8),
+    )

@@ -1,0 +1,205 @@
+"""Static hardware and model figures for the serving physics, each with a unit, provenance tag and source.
+
+Memory sizes use decimal GB (1e9 bytes); KV sizes per token are in bytes (KiB = 1024 bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from worldmodel.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, Precision
+from worldmodel.provenance import Provenance, Tagged
+
+GB = 1e9
+REFS = "REFERENCES.md"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture figures of one served model (Hugging Face config.json of the Meta release)."""
+
+    params: float
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+
+    def weight_bytes(self, precision: Precision) -> float:
+        """Weight bytes of the whole model: params x (2 bf16 | 1 fp8)."""
+        return self.params * (1.0 if precision == Precision.FP8 else 2.0)
+
+    def kv_bytes_per_token(self, precision: Precision) -> float:
+        """KV bytes per token over all layers: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
+        return (
+            2.0 * self.layers * self.kv_heads * self.head_dim * (1.0 if precision == Precision.FP8 else 2.0)
+        )
+
+
+MODELS: dict[str, ModelSpec] = {
+    # Llama-3.1-8B: 8.03e9 params, 32 layers, 8 KV heads (GQA), head_dim 128 -> 128 KiB/token in bf16.
+    "llama-3.1-8b": ModelSpec(params=8.03e9, layers=32, hidden=4096, kv_heads=8, head_dim=128),
+    # Llama-3.1-70B: 70.55e9 params, 80 layers, 8 KV heads, head_dim 128 -> 320 KiB/token in bf16.
+    "llama-3.1-70b": ModelSpec(params=70.55e9, layers=80, hidden=8192, kv_heads=8, head_dim=128),
+}
+MODEL_SOURCE = "meta-llama/Llama-3.1-{8B,70B} config.json (num_hidden_layers, num_key_value_heads, head_dim)"
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Per-GPU datasheet and power figures."""
+
+    memory_gb: float
+    hbm_tb_s: float
+    bf16_tflops: float
+    tdp_w: Tagged
+    idle_w: Tagged
+    node_idle_w: Tagged
+    node_peak_w: Tagged
+
+
+GPUS: dict[GpuType, GpuSpec] = {
+    GpuType.H100: GpuSpec(
+        memory_gb=80.0,
+        hbm_tb_s=3.35,
+        bf16_tflops=989.0,
+        tdp_w=Tagged(700.0, "W", Provenance.MODELED, f"H100 SXM TDP ({REFS}, datasheet)"),
+        idle_w=Tagged(
+            70.0,
+            "W",
+            Provenance.MODELED,
+            "typical SXM idle with persistence mode; no measured idle row in data",
+        ),
+        node_idle_w=Tagged(2800.0, "W", Provenance.MODELED, f"Splitwise idle DGX-H100 server ({REFS})"),
+        node_peak_w=Tagged(10200.0, "W", Provenance.MODELED, f"Splitwise DGX-H100 uncapped peak ({REFS})"),
+    ),
+    GpuType.A100: GpuSpec(
+        memory_gb=80.0,
+        hbm_tb_s=2.04,
+        bf16_tflops=312.0,
+        tdp_w=Tagged(400.0, "W", Provenance.MODELED, f"A100 SXM TDP ({REFS})"),
+        idle_w=Tagged(
+            50.0,
+            "W",
+            Provenance.MODELED,
+            "typical SXM idle with persistence mode; no measured idle row in data",
+        ),
+        node_idle_w=Tagged(1500.0, "W", Provenance.MODELED, f"Splitwise idle DGX-A100 server ({REFS})"),
+        node_peak_w=Tagged(
+            6500.0, "W", Provenance.MODELED, "DGX-A100 system power rating (NVIDIA datasheet)"
+        ),
+    ),
+}
+
+#: Fraction of GPU memory the engine may use (vLLM gpu_memory_utilization default).
+GPU_MEMORY_UTILIZATION = 0.9
+
+#: Weight load bandwidth per GPU (bytes/s): safetensors from local NVMe, TP ranks load their shards in parallel.
+WEIGHT_LOAD_BYTES_PER_S_PER_GPU = Tagged(
+    2.0 * GB, "B/s", Provenance.MODELED, "local NVMe ~2 GB/s per shard reader; no measured load times in data"
+)
+#: Engine start on top of the weight read: process start, NCCL init, KV profiling, CUDA-graph capture.
+ENGINE_START_S = Tagged(
+    40.0, "s", Provenance.MODELED, "vLLM cold start outside the weight read, tens of seconds"
+)
+
+#: FP8 (W8A8, FP8 KV cache) speed-up over bf16 per coefficient. The roofline ceiling is 2x for bytes and
+#: for tensor FLOP/s (REFERENCES.md: H100 989 vs 1,979 TFLOP/s); non-quantized ops (norms, attention
+#: softmax, sampling), TP all-reduce and launch overhead keep achieved gains below it. There is no
+#: bf16/fp8 pair for one model, GPU and engine in either dataset, so these are modeled; the replay's
+#: `fp8_speedup_scale` varies them (1 + (s - 1) x scale).
+FP8_SPEEDUP: dict[str, Tagged] = {
+    "base_s": Tagged(1.6, "x", Provenance.MODELED, "weight streaming halves; comm/launch part does not"),
+    "per_seq_s": Tagged(1.5, "x", Provenance.MODELED, "fp8 GEMM per sequence, sub-roofline"),
+    "per_kv_token_s": Tagged(1.7, "x", Provenance.MODELED, "fp8 KV cache halves KV bytes read"),
+    "per_prefill_token_s": Tagged(1.5, "x", Provenance.MODELED, "fp8 tensor cores 2x peak, ~75% achieved"),
+    "per_prefill_attn_s": Tagged(1.0, "x", Provenance.MODELED, "attention kept in bf16 (FlashAttention-2)"),
+}
+
+
+def gpu_spec(gpu: str) -> GpuSpec:
+    """The datasheet figures of `gpu` ('H100' | 'A100'); ValueError for any other name."""
+    try:
+        return GPUS[GpuType(gpu)]
+    except ValueError as exc:
+        raise ValueError(f"unknown GPU type {gpu!r}; expected one of {[g.value for g in GpuType]}") from exc
+
+
+def model_spec(model: str) -> ModelSpec:
+    """The architecture figures of `model`; ValueError for an unknown model."""
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
+    return MODELS[model]
+
+
+def check_precision(gpu: str, precision: str) -> Precision:
+    """Validate that `gpu` supports `precision`; A100 has no FP8 tensor cores (ValueError)."""
+    prec = Precision(precision)
+    if prec not in PRECISIONS_BY_GPU[GpuType(gpu)]:
+        raise ValueError(f"{gpu} does not support {precision}; supported: {PRECISIONS_BY_GPU[GpuType(gpu)]}")
+    return prec
+
+
+def max_clock_mhz(gpu: str) -> float:
+    """The default (maximum) SM boost clock of `gpu` in MHz."""
+    return float(SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1])
+
+
+def kv_capacity_tokens(
+    model: str, gpu: str, tp: int, precision: str, *, kv_precision: str | None = None
+) -> float:
+    """KV-cache tokens per replica after weights at 0.9 memory utilization.
+
+    Parameters
+    ----------
+    model : str
+        Served model name.
+    gpu : str
+        GPU type.
+    tp : int
+        Tensor parallelism (GPUs per replica).
+    precision : str
+        'bf16' or 'fp8' (fp8 halves both weight and KV bytes).
+    kv_precision : str, optional
+        KV-cache dtype when it differs from the weights (measured engines keep a bf16 KV cache).
+
+    Returns
+    -------
+    float
+        Tokens (floored); 0 if the weights do not fit.
+
+    Examples
+    --------
+    >>> round(kv_capacity_tokens("llama-3.1-70b", "H100", 4, "bf16"))
+    447998
+    """
+    spec, prec = model_spec(model), check_precision(gpu, precision)
+    kv = Precision(kv_precision) if kv_precision else prec
+    free = tp * gpu_spec(gpu).memory_gb * GB * GPU_MEMORY_UTILIZATION - spec.weight_bytes(prec)
+    return float(max(0.0, free) // spec.kv_bytes_per_token(kv))
+
+
+#: Fraction of datasheet HBM bandwidth achievable (AIConfigurator's empirical factor, REFERENCES.md).
+HBM_EFFICIENCY = 0.8
+
+
+def roofline_floors(model: str, gpu: str, tp: int, precision: str) -> dict[str, float]:
+    """Physical lower bounds (s) on the context-dependent coefficients, used as floors when fitting.
+
+    per_kv_token_s >= KV bytes per token / TP / (0.8 x HBM bandwidth); per_prefill_token_s >= 2 x params /
+    TP / peak tensor FLOP/s (fp8 peak is 2x bf16); per_prefill_attn_s >= 4 x layers x hidden / TP / bf16 peak
+    (QK^T and PV, attention kept in bf16). They keep long-context extrapolation physical where the measured
+    rows cannot separate these terms from the others.
+    """
+    spec, g, prec = model_spec(model), gpu_spec(gpu), Precision(precision)
+    peak = g.bf16_tflops * 1e12
+    return {
+        "per_kv_token_s": spec.kv_bytes_per_token(prec) / tp / (HBM_EFFICIENCY * g.hbm_tb_s * 1e12),
+        "per_prefill_token_s": 2.0 * spec.params / tp / (peak * (2.0 if prec == Precision.FP8 else 1.0)),
+        "per_prefill_attn_s": 4.0 * spec.layers * spec.hidden / tp / peak,
+    }
+
+
+def weights_load_s(model: str, tp: int, precision: str) -> float:
+    """Cold start / reload time (s): per-GPU weight shard bytes / load bandwidth + engine start."""
+    shard = model_spec(model).weight_bytes(Precision(precision)) / tp
+    return shard / WEIGHT_LOAD_BYTES_PER_S_PER_GPU.value + ENGINE_START_S.value

@@ -1,0 +1,257 @@
+"""The planner's own analytical serving model: a roofline over public hardware specs.
+
+This is deliberately *not* the ground truth's calibrated tables (worldmodel/physics, which the planner may
+not import). Step times come from bytes moved and FLOPs done per step, divided by public peak bandwidth and
+compute, inflated by efficiency priors tagged ``modeled``; the correction factors that make it honest are
+fitted online from observed TTFT/TPOT and DCGM power (worldmodel/selfcal.py) and passed in as
+:class:`Corrections`.
+
+Sources (public specs, REFERENCES.md): H100 SXM 3.35 TB/s HBM, 989 TFLOP/s dense bf16, 1,979 fp8, 700 W TDP;
+A100 SXM 2.0 TB/s, 312 TFLOP/s bf16, 400 W TDP; Llama-3.1 layer shapes from the model cards; measured TPOT
+at small batch is ~2.2x the pure bandwidth roofline (AIConfigurator rows), which is the decode prior here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from worldmodel.fleet import SM_CLOCK_RANGE_MHZ, GpuType
+from worldmodel.provenance import Provenance
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Public datasheet figures of one GPU type (per GPU).
+
+    hbm_bytes_s : HBM bandwidth (B/s); bf16_flops, fp8_flops : dense peak (FLOP/s, 0 when unsupported);
+    memory_bytes : HBM capacity (B); tdp_w, idle_w : board power (W); link_bytes_s : NVLink per direction
+    (B/s); max_clock_mhz : boost SM clock (MHz).
+    """
+
+    hbm_bytes_s: float
+    bf16_flops: float
+    fp8_flops: float
+    memory_bytes: float
+    tdp_w: float
+    idle_w: float
+    link_bytes_s: float
+    max_clock_mhz: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Transformer shape of one model (Llama-3.1 model cards): params (count), layers, hidden, kv_heads, head_dim."""
+
+    params: float
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+
+    def kv_bytes_per_token(self, bytes_per_value: float) -> float:
+        """KV-cache bytes per token over all layers (B)."""
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * bytes_per_value
+
+
+GPU_SPECS: dict[str, GpuSpec] = {
+    GpuType.H100: GpuSpec(3.35e12, 989e12, 1979e12, 80e9, 700.0, 75.0, 450e9, SM_CLOCK_RANGE_MHZ[GpuType.H100][1]),
+    GpuType.A100: GpuSpec(2.0e12, 312e12, 0.0, 80e9, 400.0, 55.0, 300e9, SM_CLOCK_RANGE_MHZ[GpuType.A100][1]),
+}
+MODEL_SPECS: dict[str, ModelSpec] = {
+    "llama-3.1-8b": ModelSpec(8.03e9, 32, 4096, 8, 128),
+    "llama-3.1-70b": ModelSpec(70.6e9, 80, 8192, 8, 128),
+}
+BYTES_PER_PARAM: dict[str, float] = {"bf16": 2.0, "fp8": 1.0}
+
+
+@dataclass(frozen=True)
+class Priors:
+    """Efficiency priors of the roofline, all ``modeled`` until observations correct them.
+
+    decode_roofline_ratio : measured TPOT / bandwidth roofline at small batch (REFERENCES: ~2.2).
+    prefill_compute_eff : achieved share of peak FLOP/s in prefill (Vidur: ~0.77 for 4k tokens; 0.6 kept).
+    mem_clock_sensitivity : fraction of a memory-bound step that scales with 1/clock (decode barely slows).
+    allreduce_latency_s : per all-reduce fixed latency with TP > 1 (s); two per layer.
+    step_overhead_s : scheduler/launch overhead per prefill (s); in decode the roofline ratio covers it.
+    kv_memory_share : share of HBM usable for weights + KV (vLLM gpu_memory_utilization 0.9).
+    load_bytes_s : weight-loading bandwidth for a cold start or precision reload (B/s per replica).
+    load_fixed_s : container/engine start time on top of weight loading (s).
+    power_clock_exponent : dynamic power ~ (clock / max)^exponent.
+    decode_activity, prefill_activity : share of dynamic power drawn while decoding / prefilling (0-1).
+    """
+
+    decode_roofline_ratio: float = 2.2
+    prefill_compute_eff: float = 0.6
+    mem_clock_sensitivity: float = 0.1
+    allreduce_latency_s: float = 12e-6
+    step_overhead_s: float = 1.0e-3
+    kv_memory_share: float = 0.9
+    load_bytes_s: float = 2.0e9
+    load_fixed_s: float = 30.0
+    power_clock_exponent: float = 2.0
+    decode_activity: float = 0.35
+    prefill_activity: float = 0.9
+    provenance: Provenance = Provenance.MODELED
+
+
+@dataclass(frozen=True)
+class Corrections:
+    """Multiplicative correction factors fitted from observations (1.0 = the prior).
+
+    decode, prefill : observed / predicted step time per (gpu, model); power : observed / predicted GPU power
+    per gpu; step_cv : coefficient of variation of step time across nodes and requests (from residuals).
+    """
+
+    decode: dict[tuple[str, str], float] = field(default_factory=dict)
+    prefill: dict[tuple[str, str], float] = field(default_factory=dict)
+    power: dict[str, float] = field(default_factory=dict)
+    step_cv: float = 0.10
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """What the serving model needs of a pool: gpu type, model, tp (GPUs/replica), precision, clock (MHz)."""
+
+    gpu: str
+    model: str
+    tp: int
+    precision: str
+    sm_clock_mhz: float
+
+
+class ServingModel:
+    """Roofline step times, KV capacity, load time and GPU power for a pool configuration.
+
+    Parameters
+    ----------
+    priors : efficiency priors (modeled).
+    corrections : observed/predicted factors from self-calibration (default: none).
+
+    Examples
+    --------
+    >>> sm = ServingModel()
+    >>> cfg = PoolConfig("H100", "llama-3.1-8b", 1, "bf16", 1980)
+    >>> round(sm.decode_step_s(cfg, batch=8, context_tokens=1500) * 1e3, 1)  # ms per token, bs 8
+    11.6
+    """
+
+    def __init__(self, priors: Priors | None = None, corrections: Corrections | None = None) -> None:
+        self.priors = priors or Priors()
+        self.corrections = corrections or Corrections()
+
+    def with_corrections(self, corrections: Corrections) -> ServingModel:
+        """A copy using other correction factors (the priors are kept)."""
+        return ServingModel(self.priors, corrections)
+
+    def _clock_ratio(self, cfg: PoolConfig) -> float:
+        return max(cfg.sm_clock_mhz, 1.0) / GPU_SPECS[cfg.gpu].max_clock_mhz
+
+    def _peak_flops(self, cfg: PoolConfig) -> float:
+        g = GPU_SPECS[cfg.gpu]
+        return g.fp8_flops if cfg.precision == "fp8" and g.fp8_flops > 0 else g.bf16_flops
+
+    def _comm_s(self, cfg: PoolConfig, tokens: float) -> float:
+        if cfg.tp <= 1:
+            return 0.0
+        m = MODEL_SPECS[cfg.model]
+        g = GPU_SPECS[cfg.gpu]
+        ring = 2.0 * (cfg.tp - 1) / cfg.tp * tokens * m.hidden * 2.0 / g.link_bytes_s
+        return 2 * m.layers * (self.priors.allreduce_latency_s + ring)
+
+    def decode_step_s(self, cfg: PoolConfig, batch: float, context_tokens: float) -> float:
+        """Time of one decode iteration (s) = TPOT of every sequence in it.
+
+        Parameters
+        ----------
+        cfg : pool configuration.
+        batch : concurrent sequences in the iteration (count, >= 1).
+        context_tokens : mean tokens already in each sequence's KV cache (tokens).
+        """
+        g, m, p = GPU_SPECS[cfg.gpu], MODEL_SPECS[cfg.model], self.priors
+        bpp = BYTES_PER_PARAM[cfg.precision]
+        b = max(batch, 1.0)
+        bytes_moved = (m.params * bpp + b * context_tokens * m.kv_bytes_per_token(bpp)) / cfg.tp
+        clock = self._clock_ratio(cfg)
+        mem_s = bytes_moved / g.hbm_bytes_s * p.decode_roofline_ratio
+        mem_s *= 1.0 + p.mem_clock_sensitivity * (1.0 / clock - 1.0)
+        flops = 2.0 * m.params * b / cfg.tp + 4.0 * b * context_tokens * m.layers * m.hidden / cfg.tp
+        cmp_s = flops / (self._peak_flops(cfg) * clock * p.prefill_compute_eff)
+        step = max(mem_s, cmp_s) + self._comm_s(cfg, b)
+        return step * self.corrections.decode.get((cfg.gpu, cfg.model), 1.0)
+
+    def prefill_s(self, cfg: PoolConfig, tokens: float) -> float:
+        """Time to prefill `tokens` new prompt tokens of one request (s), compute-bound.
+
+        Parameters
+        ----------
+        cfg : pool configuration.
+        tokens : uncached prompt tokens (tokens).
+        """
+        g, m, p = GPU_SPECS[cfg.gpu], MODEL_SPECS[cfg.model], self.priors
+        n = max(tokens, 1.0)
+        flops = (2.0 * m.params * n + 2.0 * n * n * m.layers * m.hidden) / cfg.tp
+        cmp_s = flops / (self._peak_flops(cfg) * self._clock_ratio(cfg) * p.prefill_compute_eff)
+        mem_s = m.params * BYTES_PER_PARAM[cfg.precision] / cfg.tp / g.hbm_bytes_s
+        step = max(cmp_s, mem_s) + self._comm_s(cfg, n) + p.step_overhead_s
+        return step * self.corrections.prefill.get((cfg.gpu, cfg.model), 1.0)
+
+    def kv_capacity_tokens(self, cfg: PoolConfig) -> float:
+        """KV-cache capacity of one replica (tokens) after weights, at the usable HBM share."""
+        g, m = GPU_SPECS[cfg.gpu], MODEL_SPECS[cfg.model]
+        bpp = BYTES_PER_PARAM[cfg.precision]
+        free = g.memory_bytes * cfg.tp * self.priors.kv_memory_share - m.params * bpp
+        return max(free, 0.0) / m.kv_bytes_per_token(bpp)
+
+    def load_s(self, cfg: PoolConfig) -> float:
+        """Cold start or precision reload time of one replica (s)."""
+        m = MODEL_SPECS[cfg.model]
+        return self.priors.load_fixed_s + m.params * BYTES_PER_PARAM[cfg.precision] / self.priors.load_bytes_s
+
+    def gpu_power_w(self, gpu: str, sm_clock_mhz: float, activity: float) -> float:
+        """Board power of one GPU (W): idle plus activity x clock-scaled dynamic part, times the fitted factor.
+
+        Parameters
+        ----------
+        gpu : GPU type.
+        sm_clock_mhz : SM clock (MHz).
+        activity : share of the dynamic range in use (0-1); :meth:`activity` maps load to it.
+        """
+        g = GPU_SPECS[gpu]
+        clock = min(max(sm_clock_mhz, 1.0) / g.max_clock_mhz, 1.0)
+        dyn = (g.tdp_w - g.idle_w) * min(max(activity, 0.0), 1.0) * clock**self.priors.power_clock_exponent
+        return (g.idle_w + dyn) * self.corrections.power.get(gpu, 1.0)
+
+    def activity(self, busy: float, prefill_share: float, batch: float, max_batch: float) -> float:
+        """Dynamic-power activity (0-1) of a replica busy `busy` of the time, `prefill_share` of that prefilling.
+
+        Parameters
+        ----------
+        busy : share of wall time with work in flight (0-1).
+        prefill_share : share of busy time spent in prefill (0-1).
+        batch, max_batch : mean and maximum concurrent sequences (count); larger decode batches draw more.
+        """
+        p = self.priors
+        dec = p.decode_activity * (0.6 + 0.4 * min(batch / max(max_batch, 1.0), 1.0))
+        return min(max(busy, 0.0), 1.0) * (prefill_share * p.prefill_activity + (1.0 - prefill_share) * dec)
+
+    def activity_from_util(self, gpu_util_pct: float) -> float:
+        """Activity implied by DCGM_FI_DEV_GPU_UTIL (% 0-100), for fitting power against telemetry."""
+        return min(max(gpu_util_pct, 0.0), 100.0) / 100.0 * self.priors.decode_activity
+
+
+def clock_or_max(gpu: str, sm_clock_mhz: float | None) -> float:
+    """The SM clock (MHz), defaulting to the GPU's boost clock."""
+    return float(sm_clock_mhz) if sm_clock_mhz else GPU_SPECS[gpu].max_clock_mhz
+
+
+def lognormal_exceed(mean: float, cv: float, threshold: float) -> float:
+    """P(X > threshold) for a lognormal X with the given mean and coefficient of variation (0-1)."""
+    if mean <= 0.0:
+        return 0.0
+    if threshold <= 0.0:
+        return 1.0
+    s2 = math.log1p(cv * cv)
+    mu = math.log(mean) - 0.5 * s2
+    z = (math.log(threshold) - mu) / math.sqrt(s2)
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
