@@ -12,12 +12,23 @@ import numpy as np
 from worldmodel.physics import step_coefficients
 from worldmodel.physics.calibrate import MEASURED_CONFIGS, fitted, splitwise_frame, splitwise_rows
 
+HEADER = (
+    "dataset",
+    "model",
+    "gpu",
+    "tp",
+    "prec",
+    "n_pre",
+    "n_dec",
+    "pre_held%",
+    "dec_held%",
+    "pre_trn%",
+    "dec_trn%",
+)
+
 
 def main() -> None:
-    print(
-        f"{'dataset':15s} {'model':14s} {'gpu':4s} {'tp':>2s} {'prec':4s} "
-        f"{'n_pre':>5s} {'n_dec':>5s} {'pre_heldout%':>12s} {'dec_heldout%':>12s} {'pre_train%':>10s} {'dec_train%':>10s}"
-    )
+    print("{:15s} {:14s} {:4s} {:>2s} {:4s} {:>5s} {:>5s} {:>9s} {:>9s} {:>8s} {:>8s}".format(*HEADER))
     pooled: dict[tuple[str, str], list[float]] = {}
     for cfg in MEASURED_CONFIGS:
         f = fitted(*cfg)
@@ -27,34 +38,32 @@ def main() -> None:
             pooled.setdefault((cfg[0], metric), []).extend(
                 np.abs(rows.x[sel] @ f.theta / rows.y_s[sel] - 1) * 100
             )
+        n_pre, n_dec = int(f.prefill.held_out.sum()), int(f.decode.held_out.sum())
+        errs = (f.mape("prefill"), f.mape("decode"), f.mape("prefill", False), f.mape("decode", False))
         print(
-            f"{cfg[0]:15s} {cfg[1]:14s} {cfg[2]:4s} {cfg[3]:2d} {cfg[4]:4s} "
-            f"{int(f.prefill.held_out.sum()):5d} {int(f.decode.held_out.sum()):5d} "
-            f"{f.mape('prefill'):12.1f} {f.mape('decode'):12.1f} "
-            f"{f.mape('prefill', False):10.1f} {f.mape('decode', False):10.1f}"
+            f"{cfg[0]:15s} {cfg[1]:14s} {cfg[2]:4s} {cfg[3]:2d} {cfg[4]:4s} {n_pre:5d} {n_dec:5d} "
+            "{:9.1f} {:9.1f} {:8.1f} {:8.1f}".format(*errs)
         )
     print("\npooled held-out median APE (%):")
     for (ds, metric), ape in sorted(pooled.items()):
         print(f"  {ds:15s} {metric:8s} {np.median(ape):5.1f}  (n={len(ape)})")
-    pcap = [
-        splitwise_rows("H100", tp, hardware="h100-80gb-pcap")[0].y_s.mean()
-        / splitwise_rows("H100", tp)[0].y_s.mean()
-        for tp in (2, 4, 8)
-    ]
+    capped = [splitwise_rows("H100", tp, hardware="h100-80gb-pcap")[0].y_s.mean() for tp in (2, 4, 8)]
+    plain = [splitwise_rows("H100", tp)[0].y_s.mean() for tp in (2, 4, 8)]
+    sw = splitwise_frame()
+    same = sw.filter(hardware="h100-80gb-pcap")["token_time"].equals(
+        sw.filter(hardware="h100-80gb")["token_time"]
+    )
     print(
-        f"\nSplitwise 70% power cap: prefill x{np.mean(pcap):.2f} (token_time rows identical: "
-        f"{splitwise_frame().filter(hardware='h100-80gb-pcap')['token_time'].sum() == splitwise_frame().filter(hardware='h100-80gb')['token_time'].sum()})"
+        f"\nSplitwise 70% power cap: prefill x{np.mean(np.array(capped) / plain):.2f}; "
+        f"token_time identical: {same}"
     )
     c = step_coefficients("llama-3.1-70b", "H100", 4, "bf16", 1980.0)
-    print(
-        "\nllama-3.1-70b H100 TP4 bf16 @1980 MHz (truth): decode ms/iteration at context 576 (Splitwise point)"
-    )
+    print("\nllama-3.1-70b H100 TP4 bf16 @1980 MHz (truth), decode ms per iteration at context 576:")
     for b in (1, 16, 64, 128):
         print(f"  batch {b:3d}: {1e3 * (c.base_s + b * c.per_seq_s + b * 576 * c.per_kv_token_s):6.1f} ms")
     for p in (1024, 4096):
-        print(
-            f"  prefill {p}: {1e3 * (c.base_s + p * c.per_prefill_token_s + p * p / 2 * c.per_prefill_attn_s):6.1f} ms"
-        )
+        ms = 1e3 * (c.base_s + p * c.per_prefill_token_s + p * p / 2 * c.per_prefill_attn_s)
+        print(f"  prefill {p} tokens: {ms:6.1f} ms")
 
 
 if __name__ == "__main__":

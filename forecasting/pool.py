@@ -26,6 +26,7 @@ HOURLY_POOL = ("snaive_day", "snaive_week", "seasonal_mean", "recent_mean", "lag
 PERIOD_POOL = ("snaive_day", "snaive_week", "seasonal_mean", "recent_mean", "lag_regression",
                "river_holtwinters", "sf_mstl")
 ALWAYS = ("snaive_day", "snaive_week")
+COMBO = "combo_top3"
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,7 +48,8 @@ class PoolForecaster(Forecaster):
     Parameters
     ----------
     pool : point-model names (see `forecasting.models.model_names()`); lag-day and lag-week naive are added.
-    shadow_every : grid steps between replayed origins (default season/4 + 1: origins rotate over the day).
+    shadow_every : grid steps between replayed origins; 0 (auto): 23 for hourly series (origins rotate over
+        the hours of the day), season/48 (30 min) for 5-minute series.
     select_window : replayed origins scored for model choice.
     calib_window : replayed origins whose residuals calibrate the intervals.
     recent_steps : steps whose realized coverage enters the confidence (default season/4).
@@ -57,13 +59,14 @@ class PoolForecaster(Forecaster):
 
     name = "pool"
 
-    def __init__(self, pool: tuple[str, ...] = HOURLY_POOL, shadow_every: int | None = None,
+    def __init__(self, pool: tuple[str, ...] = HOURLY_POOL, shadow_every: int = 0,
                  select_window: int = 30, calib_window: int = 90, recent_steps: int | None = None,
                  gamma: float = 0.001, step_s: float = 3600.0, season: int = 24, week: int = 168,
                  max_horizon: int = 48, source: str = "measured", seed: int = 0) -> None:
         super().__init__(step_s, season, week, max_horizon, source, seed)
         self.pool = tuple(pool)
-        self.shadow_every = shadow_every or season // 4 + 1
+        self.shadow_every = shadow_every
+        self._every = shadow_every or (season - 1 if season <= 24 else max(1, season // 48))
         self.select_window, self.calib_window, self.gamma = select_window, calib_window, gamma
         self.recent_steps = recent_steps or max(3, season // 4)
         names = tuple(dict.fromkeys((*ALWAYS, *self.pool))) if len(self.pool) > 1 else self.pool
@@ -102,7 +105,15 @@ class PoolForecaster(Forecaster):
         if not points:
             points["recent_mean"] = make_model("recent_mean", self.season, self.week).predict(sub, horizon)
         hist = self._origins
-        chosen = self._choose(sub, hist[-self.select_window:], points)
+        errors = self._errors(sub, hist[-self.select_window:], points)
+        ranked = sorted((e, n) for n, e in errors.items() if n != COMBO)
+        if len(ranked) >= 3:  # the mean of the three best members competes as one more member
+            points[COMBO] = np.mean([points[n] for _, n in ranked[:3]], axis=0)
+        scored = {n: e for n, e in errors.items() if n in points}
+        if scored:
+            chosen = min(scored, key=lambda n: (scored[n], n))
+        else:  # nothing scored yet: the day-ago naive, else whatever forecasts
+            chosen = next((n for n in ("snaive_day", "seasonal_mean", "recent_mean") if n in points), next(iter(points)))
         adj = hist[-1].adj if hist else {lvl: 0.0 for lvl in LEVELS}
         bands, recent = None, None
         calib = hist[-self.calib_window:]
@@ -124,33 +135,31 @@ class PoolForecaster(Forecaster):
         conf = confidence(bands[1, : self.season] - bands[0, : self.season], level, recent)
         return _Origin(o, points, chosen, points[chosen], bands, adj, conf)
 
-    def _choose(self, sub: SeriesView, hist: list[_Origin], points: dict[str, np.ndarray]) -> str:
-        """The member with the lowest mean absolute error over `hist` (targets known in `sub`)."""
-        best, best_err = None, np.inf
-        if hist:
-            y, _ = self._scored(sub, hist)
-            nan = np.full(self.max_horizon, np.nan)
-            for name in points:
-                pred = np.stack([r.members.get(name, nan)[: self.max_horizon] for r in hist])
-                ok = np.isfinite(y) & np.isfinite(pred)
-                if ok.sum() < max(self.max_horizon, np.isfinite(y).sum() // 2):
-                    continue
-                err = float(np.mean(np.abs(y[ok] - pred[ok])))
-                if err < best_err:
-                    best, best_err = name, err
-        if best is None:  # nothing scored yet: the day-ago naive, else whatever forecasts
-            order = ("snaive_day", "seasonal_mean", "recent_mean")
-            best = next((n for n in order if n in points), next(iter(points)))
-        return best
+    def _errors(self, sub: SeriesView, hist: list[_Origin], points: dict[str, np.ndarray]) -> dict[str, float]:
+        """Mean absolute error over `hist` (targets known in `sub`) of every member that can forecast now."""
+        out: dict[str, float] = {}
+        if not hist:
+            return out
+        y, _ = self._scored(sub, hist)
+        nan = np.full(self.max_horizon, np.nan)
+        for name in (*points, COMBO):
+            pred = np.stack([r.members.get(name, nan)[: self.max_horizon] for r in hist])
+            ok = np.isfinite(y) & np.isfinite(pred)
+            if ok.sum() >= max(self.max_horizon, np.isfinite(y).sum() // 2):
+                out[name] = float(np.mean(np.abs(y[ok] - pred[ok])))
+        return out
 
     # -- the protocol ---------------------------------------------------------------------------------
     def _forecast(self, view: SeriesView, horizon: int, as_of_us: int) -> Forecast:
         self._sync(view)
-        last = self._origins[-1].origin if self._origins else view.start_index + self._warmup - 1
-        first = (last // self.shadow_every + 1) * self.shadow_every
-        for o in range(first, view.end_index + 1, self.shadow_every):
+        keep = max(self.calib_window, self.select_window) + self.max_horizon // self._every + 2
+        if self._origins:
+            last = self._origins[-1].origin
+        else:  # older origins would fall out of every window: start the replay where the windows begin
+            last = max(view.start_index + self._warmup, view.end_index - keep * self._every) - 1
+        first = (last // self._every + 1) * self._every
+        for o in range(first, view.end_index + 1, self._every):
             self._origins.append(self._record(view.until(o), self.max_horizon))
-        keep = max(self.calib_window, self.select_window) + self.max_horizon // self.shadow_every + 2
         del self._origins[:-keep]
         steps = self._steps(as_of_us, horizon)
         ahead = steps - view.end_index
@@ -194,7 +203,7 @@ def _single(model: str) -> type[PoolForecaster]:
     class Single(PoolForecaster):
         name = model
 
-        def __init__(self, shadow_every: int | None = None, select_window: int = 30, calib_window: int = 90,
+        def __init__(self, shadow_every: int = 0, select_window: int = 30, calib_window: int = 90,
                      recent_steps: int | None = None, gamma: float = 0.001, step_s: float = 3600.0,
                      season: int = 24, week: int = 168, max_horizon: int = 48, source: str = "measured",
                      seed: int = 0) -> None:

@@ -129,8 +129,8 @@ def generate(inp: GenerationInputs, mode: str = "full") -> list[Plan]:
     ]
     if regime.expensive:
         profiles.append(("expensive-pack", n_clk - 2, True, True, 0.9))
-    if regime.cheap or regime.confidence < 0.8 or regime.load_ratio > 0.9:
-        profiles.append(("headroom", n_clk - 1, True, True, 0.6))
+    profiles.append(("headroom", n_clk - 1, True, True, 0.6 if regime.cheap or regime.load_ratio > 0.9
+                     or regime.confidence < 0.8 else 0.7))
     for label, level, fp8, packed, u in profiles:
         plan = _milp_plan(inp, label, level, fp8, packed, u)
         if plan is not None:

@@ -18,7 +18,6 @@ from optimizer.objective import predicted_delta
 from optimizer.plan import Plan
 from optimizer.search import SearchResult
 from worldmodel.forecast_types import DisturbanceForecast, Interval, PredictedOutcome
-from worldmodel.provenance import Tagged
 
 #: Top candidates kept in the record (count).
 TOP_N = 5
@@ -79,7 +78,7 @@ def build_record(
     markets: Sequence[str],
     period_index: int,
     as_of: datetime,
-    inputs: Mapping[str, Tagged],
+    inputs: Mapping[str, Mapping[str, object]],
     forecasts: Sequence[DisturbanceForecast],
     decision: Decision,
     search: SearchResult | None,
@@ -94,7 +93,7 @@ def build_record(
     ----------
     policy, markets : who decided and for which market(s).
     period_index, as_of : the period decided for; it starts at the decision time `as_of` (UTC).
-    inputs : named inputs and parameters with unit, provenance tag and source.
+    inputs : named inputs and parameters, each with at least its provenance tag (Tagged.as_dict()).
     forecasts : this period's and the following periods' disturbance forecasts.
     decision : the chosen plan, its gates, fallback flag and reason.
     search : the search result (None when the confidence fallback skipped it).
@@ -115,7 +114,7 @@ def build_record(
         "period_index": period_index,
         "period_start": wire_ts(as_of),
         "as_of": wire_ts(as_of),
-        "inputs": {k: v.as_dict() for k, v in inputs.items()},
+        "inputs": {k: dict(v) for k, v in inputs.items()},
         "forecasts": forecasts_dict(forecasts),
         "candidates_evaluated": search.evaluations if search else 0,
         "top_candidates": [candidate_dict(s) for s in (search.ranked[:TOP_N] if search else ())],

@@ -168,11 +168,13 @@ def hard_gates(plan: Plan, outcome: PredictedOutcome, ctx: GateContext,
 
 def pareto_gate(candidate: PredictedOutcome, reference: PredictedOutcome, objective: Objective,
                 tolerance_pp: float = 0.1) -> GateResult:
-    """Pass only when the candidate beats the reference on predicted gp/$ (point and risk-adjusted) and no
-    class's predicted violation rate exceeds the reference's by more than `tolerance_pp` (pp)."""
+    """Pass only when the candidate beats the reference on predicted gp/$ (carry-adjusted point, and
+    risk-adjusted; see objective.py) and no class's predicted violation rate exceeds the reference's by more
+    than `tolerance_pp` (pp)."""
     why: list[str] = []
-    if candidate.gp_per_dollar <= reference.gp_per_dollar:
-        why.append(f"gp/$ {candidate.gp_per_dollar:.4g} <= reference {reference.gp_per_dollar:.4g}")
+    g, g_ref = objective.gp(candidate), objective.gp(reference)
+    if g <= g_ref:
+        why.append(f"gp/$ {g:.4g} <= reference {g_ref:.4g}")
     if objective.score(candidate) < objective.score(reference):
         why.append(f"risk-adjusted gp/$ {objective.score(candidate):.4g} < reference "
                    f"{objective.score(reference):.4g}")
@@ -183,7 +185,7 @@ def pareto_gate(candidate: PredictedOutcome, reference: PredictedOutcome, object
             why.append(f"{c.request_class} violation +{rise_pp:.2f} pp > {tolerance_pp:g} pp over reference")
     ok = not why
     return GateResult("pareto", ok, "; ".join(why) if why else
-                      f"gp/$ {candidate.gp_per_dollar:.4g} > reference {reference.gp_per_dollar:.4g}, "
+                      f"gp/$ {g:.4g} > reference {g_ref:.4g}, "
                       f"no class over +{tolerance_pp:g} pp")
 
 

@@ -145,13 +145,26 @@ def plan_key(plan: Plan) -> tuple[object, ...]:
             plan.autoscale_target)
 
 
-def neighbours(plan: Plan, space: LeverSpace, levers: tuple[str, ...]) -> Iterator[tuple[str, Plan]]:
+def neighbours(plan: Plan, space: LeverSpace, levers: tuple[str, ...],
+               pools: tuple[tuple[str, str, str], ...] | None = None) -> Iterator[tuple[str, Plan]]:
     """One-step coordinate moves of `plan` along the named levers.
 
     Levers: "clock", "batch", "precision", "capacity" (floor and ceiling +-1 replica, or +-25% when
     larger), "admission", "routing". Yields (move description, plan); moves off the value sets are skipped.
+    Plan-wide levers (admission, routing) come first: they are few. `pools` limits the per-pool moves to
+    those pool keys (None: every pool).
     """
+    if "admission" in levers:
+        for a in space.admissions:
+            if a != plan.batch_admission:
+                yield f"admission {a}", replace(plan, batch_admission=a)
+    if "routing" in levers:
+        for r in space.routings:
+            if r != plan.routing:
+                yield f"routing {r}", replace(plan, routing=r)
     for p in plan.pools:
+        if pools is not None and p.key not in pools:
+            continue
         lv = space.pool(p.key)
         name = "/".join(p.key)
         if "clock" in levers:
@@ -172,14 +185,6 @@ def neighbours(plan: Plan, space: LeverSpace, levers: tuple[str, ...]) -> Iterat
                 if (floor, ceiling) != (p.replica_floor, p.replica_ceiling):
                     yield f"{name} capacity {floor}-{ceiling}", set_pool(
                         plan, p.key, replica_floor=floor, replica_ceiling=ceiling)
-    if "admission" in levers:
-        for a in space.admissions:
-            if a != plan.batch_admission:
-                yield f"admission {a}", replace(plan, batch_admission=a)
-    if "routing" in levers:
-        for r in space.routings:
-            if r != plan.routing:
-                yield f"routing {r}", replace(plan, routing=r)
 
 
 def _adjacent(values: tuple[int, ...], current: int) -> list[int]:

@@ -1,12 +1,19 @@
 """The ranking objective: risk-adjusted SLA-safe goodput per dollar (docs/optimizer.md defines it).
 
-    score = (1 - rho) * gp/$ + rho * gp/$_lo
+Per period, with C = deferred work carried over (requests), S = SLA-met requests, K = cost ($) and
+N = served requests, all from the forward model's PredictedOutcome:
 
-gp/$ = predicted SLA-met requests / predicted operator cost over the period (requests/$), and gp/$_lo its
-lower bound from the forecast intervals (arrivals at their 80% upper bound, prices at theirs) widened by the
-world model's risk band (drift detected by its calibration), both from the forward model's
-PredictedOutcome. rho in [0, 1] is the risk aversion: 0 ranks on the point forecast, 1 on the pessimistic
-bound. Switch costs (reloads on a precision change, cold starts) are in the predicted cost.
+    c_carry = (K / N) * ((1 - e) + e * pi)          cost of a carried request when it runs later ($)
+    g       = (S + C) / (K + C * c_carry)            carry-adjusted gp/$ (requests/$)
+    g_lo    = g * gp/$_lo / gp/$                     its pessimistic bound
+    score   = (1 - rho) * g + rho * g_lo
+
+e = energy share of K; pi = future_price_ratio, the mean risk-adjusted forecast price over the deferral
+horizon / this period's. Carried deferrable work is counted as met (the deferral LP and the runtime keep it
+within its deadline) and charged at what it will cost when it runs, so holding work is never free: without
+the carry term a one-period score would reward deferring everything. gp/$_lo is the forward model's lower
+bound from the forecast intervals and its risk band (drift found by self-calibration). rho in [0, 1] is the
+risk aversion. Switch costs (reloads, cold starts) are in K. With C = 0, g is the plain predicted gp/$.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from worldmodel.forecast_types import PredictedOutcome
 
 @dataclass(frozen=True)
 class Objective:
-    """Risk-adjusted gp/$ (requests/$). risk_aversion is rho (0-1).
+    """Risk-adjusted, carry-adjusted gp/$ (requests/$).
+
+    risk_aversion : rho (0-1); future_price_ratio : pi (ratio, > 0).
 
     Examples
     --------
@@ -29,15 +38,27 @@ class Objective:
     """
 
     risk_aversion: float = 0.5
+    future_price_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.risk_aversion <= 1.0:
             raise ValueError("risk_aversion must lie in [0, 1]")
 
-    def score(self, outcome: PredictedOutcome) -> float:
-        """Risk-adjusted gp/$ of one predicted outcome (requests/$)."""
-        lo = min(outcome.gp_per_dollar_lo, outcome.gp_per_dollar)
-        return (1.0 - self.risk_aversion) * outcome.gp_per_dollar + self.risk_aversion * lo
+    def gp(self, o: PredictedOutcome) -> float:
+        """Carry-adjusted point gp/$, g (requests/$)."""
+        carry = max(o.deferred_carryover, 0.0)
+        if carry == 0.0:
+            return o.gp_per_dollar
+        served = sum(c.served for c in o.classes)
+        e = o.energy_cost_usd / o.cost_usd if o.cost_usd else 0.0
+        c_carry = o.cost_usd / max(served, 1.0) * ((1.0 - e) + e * self.future_price_ratio)
+        return (o.sla_met + carry) / (o.cost_usd + carry * c_carry)
+
+    def score(self, o: PredictedOutcome) -> float:
+        """(1 - rho) g + rho g_lo (requests/$)."""
+        g = self.gp(o)
+        haircut = min(o.gp_per_dollar_lo / o.gp_per_dollar, 1.0) if o.gp_per_dollar > 0 else 1.0
+        return (1.0 - self.risk_aversion) * g + self.risk_aversion * g * haircut
 
 
 def predicted_delta(chosen: PredictedOutcome, reference: PredictedOutcome) -> dict[str, float]:

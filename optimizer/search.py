@@ -3,10 +3,11 @@
 1. Score every generated candidate (coupled bundles from candidates.py).
 2. Clear decision: the best feasible candidate beats the runner-up by more than `close_margin` (relative)
    -> stop.
-3. Close decision: coordinate moves (one lever one step, per pool) from the best `top_k` plans, over a lever
-   set that widens in stages (clock, batch, precision -> + capacity, admission -> + routing). A stage is
-   repeated while it improves the best score by more than `min_gain` (relative); the next stage starts when
-   it does not. Stop when the last stage stops improving or the evaluation budget is spent.
+3. Close decision: cyclic coordinate ascent from each of the best `top_k` plans in turn. A coordinate is one
+   lever of one pool (clock, batch, precision, capacity) or a plan-wide lever (admission, routing); along
+   each, step while a step beats the current plan by more than `min_gain` (relative), then move on. Stages
+   add coordinates (clock, batch, precision -> capacity, admission -> routing); when a stage improved, one
+   more cycle over every coordinate so far runs. Stop when that is done or the evaluation budget is spent.
 
 The budget is min(max_evals, floor(grid_share x audit grid size)), so the search never uses more than
 10% of the audit grid's evaluations by construction.
@@ -16,17 +17,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from optimizer.fallback import Scored
 from optimizer.levers import LeverSpace, neighbours, plan_key
 from optimizer.plan import Plan
 
-LEVER_STAGES: tuple[tuple[str, ...], ...] = (
-    ("clock", "batch", "precision"),
-    ("clock", "batch", "precision", "capacity", "admission"),
-    ("clock", "batch", "precision", "capacity", "admission", "routing"),
-)
+LEVER_STAGES: tuple[tuple[str, ...], ...] = (("clock", "batch", "precision"), ("admission", "capacity"),
+                                             ("routing",))
+PLAN_WIDE = ("admission", "routing")
 
 
 @dataclass(frozen=True)
@@ -96,19 +95,48 @@ def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: L
         return SearchResult(tuple(rank(list(seen.values()))), len(seen), "no-expand", 0)
     if _clear(rank(list(seen.values())), cfg.close_margin):
         return SearchResult(tuple(rank(list(seen.values()))), len(seen), "clear", 0)
-    stage, stages_run = 0, 0
-    while stage < len(cfg.stages) and len(seen) < budget:
-        ranked = rank(list(seen.values()))
-        before = ranked[0].score
-        stages_run += 1
-        for s in ranked[: cfg.top_k]:
-            for _, plan in neighbours(s.plan, space, cfg.stages[stage]):
-                run(plan)
-        after = rank(list(seen.values()))[0].score
-        if not after > before + cfg.min_gain * abs(before):
-            stage += 1
+    stages_run = 0
+    for start in rank(list(seen.values()))[: cfg.top_k]:
+        current, so_far = start, ()
+        for levers in cfg.stages:
+            stages_run += 1
+            so_far = (*so_far, *levers)
+            before = current
+            current = _cycle(current, levers, space, run, seen, cfg.min_gain)
+            if current is not before and len(so_far) > len(levers):
+                current = _cycle(current, so_far, space, run, seen, cfg.min_gain)
+            if len(seen) >= budget:
+                break
     reason = "budget" if len(seen) >= budget else "converged"
     return SearchResult(tuple(rank(list(seen.values()))), len(seen), reason, stages_run)
+
+
+def _cycle(current: Scored, levers: tuple[str, ...], space: LeverSpace, run: Callable[[Plan], bool],
+           seen: dict[tuple[object, ...], Scored], min_gain: float) -> Scored:
+    """One pass of coordinate ascent over `levers`: plan-wide coordinates, then each pool's."""
+    coords: list[tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]] = [
+        ((lv,), ()) for lv in levers if lv in PLAN_WIDE]
+    coords += [((lv,), (p.key,)) for p in current.plan.pools for lv in levers if lv not in PLAN_WIDE]
+    for lv, pools in coords:
+        improved = True
+        while improved:
+            improved = False
+            for move, plan in neighbours(current.plan, space, lv, pools):
+                plan = replace(plan, label=f"{current.plan.label} > {move}")
+                if not run(plan) and plan_key(plan) not in seen:
+                    return current  # budget spent
+                s = seen[plan_key(plan)]
+                if _better(s, current, min_gain):
+                    current, improved = s, True
+                    break
+    return current
+
+
+def _better(a: Scored, b: Scored, min_gain: float) -> bool:
+    """a beats b: feasible over infeasible, else a higher score by more than min_gain (relative)."""
+    if a.feasible != b.feasible:
+        return a.feasible
+    return a.score > b.score + min_gain * abs(b.score)
 
 
 def _clear(ranked: Sequence[Scored], margin: float) -> bool:

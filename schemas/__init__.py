@@ -6,10 +6,11 @@ validators, reporting every failure as a :class:`SchemaError` whose reason names
 
 Examples
 --------
->>> validate("fleet_event", {"schema_version": "1"})
-Traceback (most recent call last):
-...
-schemas.SchemaError: fleet_event: missing required field(s) 'event_at', 'arrived_at', ...
+>>> try:
+...     decode("price", b'{"schema_version": "1", "market": "NYISO"}')
+... except SchemaError as exc:
+...     print(exc.kind, exc.field)
+price location
 """
 
 from __future__ import annotations

@@ -59,12 +59,20 @@ class Worker:
         res = self.pipeline.step(records)
         await asyncio.gather(*(self.send(o) for o in res.dead_letters))
         await asyncio.to_thread(self.ingestor.commit, res.batch)
-        for period in res.due:
-            await self.decide(period)
-            self.decision_latency_s.append(time.monotonic() - received)
+        await self.decide(res.due)
+        self.decision_latency_s.extend([time.monotonic() - received] * len(res.due))
 
-    async def decide(self, period: int) -> None:
-        """Decide for `period`; publish the audit record, write it locally, then mark the period decided."""
+    async def decide(self, periods: Sequence[int]) -> None:
+        """Decide for each period; publish the audit records, write them locally, then mark them decided."""
+        for period in periods:
+            await self._decide_one(period)
+        if periods:
+            if self.audit is not None:
+                await asyncio.to_thread(self.audit.flush)
+            await asyncio.to_thread(self.ingestor.mark_decided, periods[-1])
+            self.pipeline.state.decided_through = periods[-1]
+
+    async def _decide_one(self, period: int) -> None:
         clock = self.pipeline.clock
         if self.decider is None:
             assert clock.origin is not None
@@ -78,9 +86,6 @@ class Worker:
                                  timestamp_ms=ts_ms))
         if self.audit is not None:
             self.audit.add(record)
-            await asyncio.to_thread(self.audit.flush)
-        await asyncio.to_thread(self.ingestor.mark_decided, period)
-        self.pipeline.state.decided_through = period
         log.info("decision period=%d id=%s late=%d", period, record["decision_id"], late)
 
     def stats(self) -> dict[str, Any]:
@@ -135,8 +140,7 @@ def build_app(settings: WorkerSettings, worker_factory: Any) -> faust.App:
     @app.agent(source, name=f"{settings.group_id}-ingest")
     async def ingest(stream: faust.StreamT) -> None:
         worker = state.setdefault("w", worker_factory(send))
-        for period in worker.pipeline.due_decisions():
-            await worker.decide(period)
+        await worker.decide(worker.pipeline.due_decisions())
         async for events in stream.take_events(settings.batch_max_records, within=settings.batch_max_s):
             await worker.handle([Inbound(e.message.topic, e.message.partition, e.message.offset,
                                          e.message.value) for e in events])

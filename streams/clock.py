@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 class Tick:
     """What observing one event time did.
 
-    period_index : the record's period (may be < 0 for a record before the origin).
+    period_index : the record's period (< 0 before the origin: history, late only once period 0 closed).
     late : its period had already closed.
     closed : periods this record closed, in order.
     """
@@ -84,7 +84,7 @@ class PeriodClock:
             epoch = datetime(1970, 1, 1, tzinfo=UTC)
             self.origin = epoch + math.floor((at - epoch) / self._period) * self._period
         index = self.period_of(at)
-        late = index <= self.closed_through
+        late = 0 <= self.closed_through and index <= self.closed_through
         if self.max_event_at is None or at > self.max_event_at:
             self.max_event_at = at
         wm = self.watermark()

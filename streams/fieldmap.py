@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from schemas import SchemaError, validate
+from schemas import SchemaError, load, validate
 from streams.records import ts_from_wire, ts_to_wire
 from streams.workload import availability
 from streams.workload.protocol import PROTOCOL_V1
@@ -60,18 +60,15 @@ FIELD_UNITS: dict[str, str] = {
     "e2e_s": "s",
     "lmp_usd_mwh": "USD/MWh",
 }
-_INTEGER_FIELDS = {
-    "num_requests_running",
-    "num_requests_waiting",
+_TELEMETRY_METRICS = [f for f in FIELD_UNITS if f in load("gpu_telemetry")["properties"]]
+_COMPLETION_PICKED = (
+    "request_id",
+    "model",
     "input_tokens",
     "output_tokens",
     "cached_input_tokens",
-}
-_TELEMETRY_METRICS = [
-    f
-    for f in FIELD_UNITS
-    if f.startswith("DCGM_") or f in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
-]
+    "replica_id",
+)
 SHAPES = ("prometheus", "otel_span", "gridstatus_lmp")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -140,7 +137,7 @@ class Source:
         if not math.isfinite(x):
             raise self.error(f"field {target!r}: {value!r} is not finite (stale Prometheus sample?)", target)
         x = convert(x, unit, FIELD_UNITS[target])
-        if target in _INTEGER_FIELDS:
+        if FIELD_UNITS[target] == "count":
             if x != round(x):
                 raise self.error(f"field {target!r}: {value!r} is not a whole count", target)
             return round(x)
@@ -227,18 +224,12 @@ class FieldMap:
         try:
             src = self.sources[source]
         except KeyError:
-            raise FieldMapError(
-                "unknown", source, f"unknown source; configured: {sorted(self.sources)}"
-            ) from None
+            raise FieldMapError("unknown", source, f"unknown source; one of {sorted(self.sources)}") from None
         if not isinstance(raw, Mapping):
             raise src.error(f"record must be an object, got {type(raw).__name__}")
         arrived = ts_to_wire(arrived_at or datetime.now(UTC))
-        mapper = {
-            "prometheus": self._prometheus,
-            "otel_span": self._otel_span,
-            "gridstatus_lmp": self._gridstatus,
-        }
-        record = {"schema_version": "1", **mapper[src.shape](src, raw), "arrived_at": arrived}
+        mapped = getattr(self, f"_{src.shape}")(src, raw)
+        record = {"schema_version": "1", **mapped, "arrived_at": arrived}
         try:
             return src.kind, validate(src.kind, record)
         except FieldMapError:
@@ -271,19 +262,7 @@ class FieldMap:
             raw.get("attributes")
         )
         start, end = (_unix_nano(src, raw, k) for k in ("startTimeUnixNano", "endTimeUnixNano"))
-        out = {
-            k: src.pick(attrs, k)
-            for k in (
-                "request_id",
-                "model",
-                "input_tokens",
-                "output_tokens",
-                "cached_input_tokens",
-                "replica_id",
-                "gpu_type",
-            )
-        }
-        out["request_class"] = src.pick(attrs, "request_class")
+        out = {k: src.pick(attrs, k) for k in (*_COMPLETION_PICKED, "gpu_type", "request_class")}
         out["site"] = src.pick(attrs, "site", required=False) or self.site
         reasons = src.pick(attrs, "finish_reason")
         reason = reasons[0] if isinstance(reasons, list | tuple) and reasons else reasons
@@ -312,12 +291,7 @@ class FieldMap:
 
     @staticmethod
     def _sla_met(
-        src: Source,
-        attrs: Mapping[str, Any],
-        out: dict[str, Any],
-        ttft: float | None,
-        tpot: float,
-        end: datetime,
+        src: Source, attrs: Mapping[str, Any], out: dict, ttft: float | None, tpot: float, end: datetime
     ) -> bool:
         """SLA of protocol v1: interactive TTFT and mean TPOT within the class SLA; batch by its deadline."""
         try:
@@ -336,7 +310,7 @@ class FieldMap:
         assert spec.ttft_slo_ms is not None and spec.tpot_slo_ms is not None
         return ttft is not None and ttft * 1e3 <= spec.ttft_slo_ms and tpot * 1e3 <= spec.tpot_slo_ms
 
-    def _gridstatus(self, src: Source, raw: Mapping[str, Any]) -> dict[str, Any]:
+    def _gridstatus_lmp(self, src: Source, raw: Mapping[str, Any]) -> dict[str, Any]:
         assert src.market is not None
         run = str(src.pick(raw, "market_run"))
         run = src.values.get("market_run", {}).get(run, run)
@@ -423,22 +397,18 @@ def fold_telemetry(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]
     part's, since the merged record is complete only then. Replica-level records (``gpu`` null) pass through
     unchanged. Order is that of each key's first record.
     """
-    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
-    passthrough: list[tuple[int, dict[str, Any]]] = []
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for i, rec in enumerate(records):
-        if rec["gpu"] is None:
-            passthrough.append((i, dict(rec)))
-            continue
-        key = (ts_from_wire(rec["event_at"]), rec["hostname"], rec["gpu"])
-        if key not in merged:
-            merged[key] = {"_order": i, **rec}
-            continue
-        into = merged[key]
-        for k, v in rec.items():
-            if v is not None and k != "arrived_at":
-                into[k] = v
-        into["arrived_at"] = ts_to_wire(
-            max(ts_from_wire(into["arrived_at"]), ts_from_wire(rec["arrived_at"]))
+        key = (
+            ("replica", i)
+            if rec["gpu"] is None
+            else (ts_from_wire(rec["event_at"]), rec["hostname"], rec["gpu"])
         )
-    rows = [(r.pop("_order"), r) for r in merged.values()] + passthrough
-    return [r for _, r in sorted(rows, key=lambda p: p[0])]
+        if key not in out:
+            out[key] = dict(rec)
+            continue
+        into = out[key]
+        arrived = max(ts_from_wire(into["arrived_at"]), ts_from_wire(rec["arrived_at"]))
+        into.update((k, v) for k, v in rec.items() if v is not None)
+        into["arrived_at"] = ts_to_wire(arrived)
+    return list(out.values())

@@ -124,10 +124,12 @@ class Pipeline:
             counts["processed"] += 1
             if tick.late:
                 counts["late"] += 1
+            # late: seen by the next decision still to be made; else by the one at its period's close
+            decision_period = self.clock.closed_through + 2 if tick.late else max(tick.period_index + 1, 1)
             for name, value in (
                 ("kind", kind), ("key", record_key(kind, record)), ("event_at", at),
                 ("period_index", tick.period_index),
-                ("decision_period", self.clock.closed_through + 2 if tick.late else tick.period_index + 1),
+                ("decision_period", decision_period),
                 ("late", tick.late), ("payload", msg.value.decode()), ("topic", msg.topic),
                 ("partition", msg.partition), ("offset", msg.offset),
             ):

@@ -51,7 +51,8 @@ def load_directory(directory: str | Path) -> dict[str, list[dict[str, Any]]]:
         if pq_path.exists():
             out[kind] = _frame_records(kind, pl.read_parquet(pq_path))
         elif jl_path.exists():
-            out[kind] = [json.loads(line) for line in jl_path.read_text().splitlines() if line.strip()]
+            lines = jl_path.read_text().splitlines()
+            out[kind] = [json.loads(line) for line in lines if line.strip()]
     if not out:
         raise FileNotFoundError(f"no <kind>.parquet or <kind>.jsonl under {root} (kinds: {', '.join(INPUT_KINDS)})")
     return out

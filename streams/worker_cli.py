@@ -42,7 +42,7 @@ def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, d
     """
     topics = Topics(prefix=settings.topic_prefix)
     asyncio.run(ensure_topics(settings.bootstrap_servers, topics.all()))
-    ingestor = DuckDBIngestor(settings.db)
+    ingestor = DuckDBIngestor.open(settings.db)
     pipeline = Pipeline(topics, ingestor.load_state(), settings.period_s, settings.allowed_lateness_s, origin)
 
     audit = ParquetAuditStore(settings.audit_dir)

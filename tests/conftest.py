@@ -7,10 +7,17 @@ of them the kafka tests skip with the reason, except under CI=true, where that i
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import subprocess
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -110,3 +117,94 @@ def price(at: datetime, lmp: float = 42.0) -> dict[str, Any]:
 def records() -> SimpleNamespace:
     """Builders of valid wire records: `records.arrival(id, at)`, `records.price(at)`, `records.T0`."""
     return SimpleNamespace(arrival=arrival, price=price, T0=T0)
+
+
+# --- Kafka integration helpers (exposed through the `kafka_tools` fixture) ---
+
+
+def create_topics(bootstrap: str, prefix: str) -> None:
+    """Create a deployment's topics (1 partition each) before anything auto-creates them."""
+    from streams.topics import Topics, ensure_topics
+
+    asyncio.run(ensure_topics(bootstrap, Topics(prefix=prefix).all()))
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes | None]) -> None:
+    """Send raw values to `topic` and wait for every acknowledgement."""
+    from aiokafka import AIOKafkaProducer
+
+    async def go() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks="all")
+        await p.start()
+        try:
+            await asyncio.gather(*[await p.send(topic, v) for v in values])
+        finally:
+            await p.stop()
+
+    asyncio.run(go())
+
+
+def consume_all(bootstrap: str, topic: str, expect: int, timeout_s: float = 20.0) -> list[Any]:
+    """Read `topic` from the start until `expect` records (or the timeout); returns aiokafka records."""
+    from aiokafka import AIOKafkaConsumer
+
+    async def go() -> list[Any]:
+        c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False)
+        await c.start()
+        out: list[Any] = []
+        try:
+            deadline = time.monotonic() + timeout_s
+            while len(out) < expect and time.monotonic() < deadline:
+                for msgs in (await c.getmany(timeout_ms=300)).values():
+                    out.extend(msgs)
+        finally:
+            await c.stop()
+        return out
+
+    return asyncio.run(go())
+
+
+class Proc:
+    """An `aurelius` subprocess whose `aurelius.stats` JSON lines are collected as they come."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        full_env = {**os.environ, "AURELIUS_STATS_INTERVAL_S": "0.5", **(env or {})}
+        self.p = subprocess.Popen([sys.executable, "-m", "streams.cli", *args], cwd=cwd, env=full_env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.stats: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.lines.append(line)
+            if "aurelius.stats " in line:
+                self.stats.append(json.loads(line.split("aurelius.stats ", 1)[1]))
+
+    def wait_for(self, pred: Callable[[dict[str, Any]], bool], timeout_s: float = 60.0) -> dict[str, Any]:
+        """Block until a stats line satisfies `pred`; fail with the process output otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.stats and pred(self.stats[-1]):
+                return self.stats[-1]
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise AssertionError("condition not reached; output:\n" + "".join(self.lines[-40:]))
+
+    def stop(self, sig: int = 15) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+            try:
+                self.p.wait(20)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+@pytest.fixture
+def kafka_tools() -> SimpleNamespace:
+    """`create_topics`, `produce`, `consume_all` and `Proc` (an `aurelius` subprocess with its stats)."""
+    return SimpleNamespace(create_topics=create_topics, produce=produce, consume_all=consume_all, Proc=Proc)

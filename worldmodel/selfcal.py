@@ -7,8 +7,9 @@ the residual measures the whole model error. Each key keeps:
 - a fast exponentially weighted mean (the online correction: factor = exp(mean)), mergeable across nodes
   like river's statistics, so node tracks combine into the (gpu, model) factor the forward model uses;
 - a slow in-control baseline (mean, variance) that standardizes residuals: z = (r - base_mean) / base_sd;
-- a two-sided CUSUM on z (Page 1954; k = 0.5, h = 8: in-control ARL about 10^4 samples per side by
-  Siegmund's approximation), which on a persistent shift (e.g. thermal throttling, +8 % step time) raises
+- a two-sided CUSUM on z (Page 1954; k = 0.5, h = 10: in-control ARL about 1.4 x 10^5 samples per side
+  by Siegmund's approximation; a 2.7-sigma shift is flagged after about 5 samples), which on a
+  persistent shift (e.g. thermal throttling, +8 % step time) raises
   an alarm, re-baselines at the new level and widens the risk band the optimizer uses.
 
 SLA outcomes are tracked additively (observed - predicted violation rate per class) with the same machinery.
@@ -23,8 +24,7 @@ from enum import StrEnum
 
 import polars as pl
 
-from worldmodel.servingmodel import Corrections, PoolConfig, ServingModel, clock_or_max
-from worldmodel.state import REPLICA_STATE_SQL, WorldState
+from worldmodel.servingmodel import Corrections
 
 ANY = "*"
 
@@ -74,7 +74,7 @@ class EwmaStat:
 
 @dataclass
 class Cusum:
-    """Two-sided CUSUM on standardized residuals. ``update(z)`` returns +1/-1 on an upward/downward alarm, else 0.
+    """Two-sided CUSUM on standardized residuals. ``update(z)`` returns +1/-1 on an up/down alarm, else 0.
 
     Parameters
     ----------
@@ -83,7 +83,7 @@ class Cusum:
     """
 
     k: float = 0.5
-    h: float = 8.0
+    h: float = 10.0
     pos: float = 0.0
     neg: float = 0.0
     alarms: int = 0
@@ -113,7 +113,7 @@ class Track:
 
 @dataclass(frozen=True)
 class Alarm:
-    """A CUSUM alarm: key, direction (+1 slower/higher, -1 faster/lower), shift (log units), when, samples seen."""
+    """A CUSUM alarm: key, direction (+1 slower/higher, -1 faster/lower), shift (log units), time, samples."""
 
     key: tuple[str, str, str, str]
     direction: int
@@ -142,7 +142,7 @@ class SelfCalibrator:
     warmup: int = 20
     sd_floor: float = 0.01
     k: float = 0.5
-    h: float = 8.0
+    h: float = 10.0
     band_memory: int = 200
     band_gain: float = 0.25
     tracks: dict[tuple[str, str, str, str], Track] = field(default_factory=dict)
@@ -155,7 +155,13 @@ class SelfCalibrator:
         return t
 
     def observe(
-        self, quantity: Quantity | str, gpu: str, node: str, model: str, predicted: float, observed: float,
+        self,
+        quantity: Quantity | str,
+        gpu: str,
+        node: str,
+        model: str,
+        predicted: float,
+        observed: float,
         at: datetime,
     ) -> tuple[float, Alarm | None]:
         """Learn from one residual; return its standardized value z and an alarm if the CUSUM fired.
@@ -206,8 +212,15 @@ class SelfCalibrator:
         """
         alarms, zs = [], []
         for row in residuals.iter_rows(named=True):
-            z, alarm = self.observe(row["quantity"], row["gpu_type"], row["node"], row["model"],
-                                    float(row["predicted"]), float(row["observed"]), at)
+            z, alarm = self.observe(
+                row["quantity"],
+                row["gpu_type"],
+                row["node"],
+                row["model"],
+                float(row["predicted"]),
+                float(row["observed"]),
+                at,
+            )
             zs.append(z)
             if alarm is not None:
                 alarms.append(alarm)
@@ -230,8 +243,11 @@ class SelfCalibrator:
         decode: dict[tuple[str, str], float] = {}
         prefill: dict[tuple[str, str], float] = {}
         power: dict[str, float] = {}
-        spread = [math.sqrt(t.base.var) for (q, *_), t in self.tracks.items()
-                  if q == Quantity.DECODE and t.samples > self.warmup]
+        spread = [
+            math.sqrt(t.base.var)
+            for (q, *_), t in self.tracks.items()
+            if q == Quantity.DECODE and t.samples > self.warmup
+        ]
         for q, g, _, m in self.tracks:
             if q == Quantity.DECODE:
                 decode[(g, m)] = self.factor(q, g, m)
@@ -245,10 +261,24 @@ class SelfCalibrator:
     def state_frame(self, at: datetime) -> pl.DataFrame:
         """The tracks as rows of the ``calibration_state`` table."""
         rows = [
-            {"quantity": k[0], "gpu_type": k[1], "node": k[2], "model": k[3], "factor": math.exp(t.fast.mean),
-             "n": float(t.samples), "resid_mean": t.fast.mean, "resid_var": t.fast.var, "base_mean": t.base.mean,
-             "base_var": t.base.var, "base_n": t.base.n, "cusum_pos": t.cusum.pos, "cusum_neg": t.cusum.neg,
-             "alarms": t.cusum.alarms, "last_alarm_at": t.last_alarm_at, "updated_at": at}
+            {
+                "quantity": k[0],
+                "gpu_type": k[1],
+                "node": k[2],
+                "model": k[3],
+                "factor": math.exp(t.fast.mean),
+                "n": float(t.samples),
+                "resid_mean": t.fast.mean,
+                "resid_var": t.fast.var,
+                "base_mean": t.base.mean,
+                "base_var": t.base.var,
+                "base_n": t.base.n,
+                "cusum_pos": t.cusum.pos,
+                "cusum_neg": t.cusum.neg,
+                "alarms": t.cusum.alarms,
+                "last_alarm_at": t.last_alarm_at,
+                "updated_at": at,
+            }
             for k, t in self.tracks.items()
         ]
         return pl.DataFrame(rows, schema=_STATE_SCHEMA)
@@ -260,7 +290,11 @@ class SelfCalibrator:
         for r in frame.iter_rows(named=True):
             t = cal._track((r["quantity"], r["gpu_type"], r["node"], r["model"]))
             t.samples = int(r["n"])
-            t.fast.n, t.fast.mean, t.fast.var = min(r["n"], 1.0 / cal.fast_alpha), r["resid_mean"], r["resid_var"]
+            t.fast.n, t.fast.mean, t.fast.var = (
+                min(r["n"], 1.0 / cal.fast_alpha),
+                r["resid_mean"],
+                r["resid_var"],
+            )
             t.base.n, t.base.mean, t.base.var = r["base_n"], r["base_mean"], r["base_var"]
             t.cusum.pos, t.cusum.neg, t.cusum.alarms = r["cusum_pos"], r["cusum_neg"], int(r["alarms"])
             t.last_alarm_at = r["last_alarm_at"]
@@ -268,79 +302,20 @@ class SelfCalibrator:
 
 
 _STATE_SCHEMA = {
-    "quantity": pl.String, "gpu_type": pl.String, "node": pl.String, "model": pl.String, "factor": pl.Float64,
-    "n": pl.Float64, "resid_mean": pl.Float64, "resid_var": pl.Float64, "base_mean": pl.Float64,
-    "base_var": pl.Float64, "base_n": pl.Float64, "cusum_pos": pl.Float64, "cusum_neg": pl.Float64,
-    "alarms": pl.Int32, "last_alarm_at": pl.Datetime("us", "UTC"), "updated_at": pl.Datetime("us", "UTC"),
+    "quantity": pl.String,
+    "gpu_type": pl.String,
+    "node": pl.String,
+    "model": pl.String,
+    "factor": pl.Float64,
+    "n": pl.Float64,
+    "resid_mean": pl.Float64,
+    "resid_var": pl.Float64,
+    "base_mean": pl.Float64,
+    "base_var": pl.Float64,
+    "base_n": pl.Float64,
+    "cusum_pos": pl.Float64,
+    "cusum_neg": pl.Float64,
+    "alarms": pl.Int32,
+    "last_alarm_at": pl.Datetime("us", "UTC"),
+    "updated_at": pl.Datetime("us", "UTC"),
 }
-
-
-_PERIOD_SQL = f"""
-WITH r AS ({REPLICA_STATE_SQL}),
-tel AS (SELECT replica_id, avg(num_requests_running) AS running FROM gpu_telemetry
-        WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of AND replica_id IS NOT NULL GROUP BY 1),
-c AS (SELECT replica_id, median(tpot_s) AS tpot_s, avg(input_tokens + output_tokens / 2.0) AS ctx,
-             quantile_cont(ttft_s, 0.1) AS ttft10_s,
-             quantile_cont(input_tokens - coalesce(cached_input_tokens, 0), 0.1) AS new10
-      FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
-        AND output_tokens > 1 GROUP BY 1)
-SELECT c.*, r.gpu_type, r.model, r.tp, r.precision, r.sm_clock_mhz, coalesce(r.hostnames[1], c.replica_id) AS node,
-       coalesce(tel.running, 1.0) AS running
-FROM c JOIN r USING (replica_id) LEFT JOIN tel USING (replica_id)
-"""
-_POWER_SQL = """
-SELECT modelName AS gpu_type, hostname AS node, avg(DCGM_FI_DEV_POWER_USAGE) AS power_w,
-       avg(DCGM_FI_DEV_GPU_UTIL) AS util, avg(DCGM_FI_DEV_SM_CLOCK) AS clock
-FROM gpu_telemetry WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
-  AND DCGM_FI_DEV_POWER_USAGE IS NOT NULL GROUP BY ALL
-"""
-
-
-def period_residuals(state: WorldState, model: ServingModel, start: datetime, end: datetime) -> pl.DataFrame:
-    """Residual rows of one period from the stored observations that arrived by its end.
-
-    Decode: median TPOT per replica vs the roofline at the replica's mean running batch and context.
-    Prefill: the 10th-percentile TTFT per replica (the least-queued requests) vs the prefill time of the
-    10th-percentile uncached prompt. Power: mean DCGM power per node vs the power model at its mean
-    utilization and clock. Predictions use the priors only (no corrections), so residuals carry all error.
-
-    Parameters
-    ----------
-    state : the world-model state (read only).
-    model : serving model whose priors are compared (its corrections are ignored).
-    start, end : the period (UTC).
-
-    Returns
-    -------
-    Frame with quantity, gpu_type, node, model, predicted, observed (s or W).
-    """
-    prior = ServingModel(model.priors)
-    params = {"s": start, "as_of": end}
-    rows: list[tuple[str, str, str, str, float, float]] = []
-    for r in state.frame(_PERIOD_SQL, params).iter_rows(named=True):
-        cfg = PoolConfig(r["gpu_type"], r["model"], int(r["tp"] or 1), r["precision"] or "bf16",
-                         clock_or_max(r["gpu_type"], r["sm_clock_mhz"]))
-        rows.append((Quantity.DECODE, cfg.gpu, r["node"], cfg.model,
-                     prior.decode_step_s(cfg, float(r["running"]), float(r["ctx"])), float(r["tpot_s"])))
-        if r["ttft10_s"] is not None:
-            rows.append((Quantity.PREFILL, cfg.gpu, r["node"], cfg.model,
-                         prior.prefill_s(cfg, float(r["new10"])), float(r["ttft10_s"])))
-    for r in state.frame(_POWER_SQL, params).iter_rows(named=True):
-        gpu = r["gpu_type"]
-        pred = prior.gpu_power_w(gpu, clock_or_max(gpu, r["clock"]), prior.activity_from_util(r["util"] or 0.0))
-        rows.append((Quantity.POWER, gpu, r["node"], ANY, pred, float(r["power_w"])))
-    return pl.DataFrame(rows, schema=["quantity", "gpu_type", "node", "model", "predicted", "observed"],
-                        orient="row")
-
-
-def record(state: WorldState, cal: SelfCalibrator, residuals: pl.DataFrame, at: datetime) -> None:
-    """Write scored residuals (from :meth:`SelfCalibrator.observe_frame`), the tracks and the risk band."""
-    if residuals.height:
-        keyed = residuals.with_columns(pl.lit(at).cast(pl.Datetime("us", "UTC")).alias("recorded_at"))
-        state.replace_rows("calibration_residuals", keyed.unique(
-            subset=["quantity", "gpu_type", "node", "model"], keep="last"))
-    state.replace_rows("calibration_state", cal.state_frame(at))
-    band = pl.DataFrame({"recorded_at": [at], "band": [cal.risk_band()], "reason": [
-        ",".join(sorted({k[0] for k, t in cal.tracks.items() if t.band > 0})) or "in control"]},
-        schema={"recorded_at": pl.Datetime("us", "UTC"), "band": pl.Float64, "reason": pl.String})
-    state.replace_rows("risk_band", band)

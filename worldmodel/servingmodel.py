@@ -41,7 +41,7 @@ class GpuSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Transformer shape of one model (Llama-3.1 model cards): params (count), layers, hidden, kv_heads, head_dim."""
+    """Transformer shape (Llama-3.1 model cards): params (count), layers, hidden, kv_heads, head_dim."""
 
     params: float
     layers: int
@@ -55,13 +55,19 @@ class ModelSpec:
 
 
 GPU_SPECS: dict[str, GpuSpec] = {
-    GpuType.H100: GpuSpec(3.35e12, 989e12, 1979e12, 80e9, 700.0, 75.0, 450e9, SM_CLOCK_RANGE_MHZ[GpuType.H100][1]),
+    GpuType.H100: GpuSpec(
+        3.35e12, 989e12, 1979e12, 80e9, 700.0, 75.0, 450e9, SM_CLOCK_RANGE_MHZ[GpuType.H100][1]
+    ),
     GpuType.A100: GpuSpec(2.0e12, 312e12, 0.0, 80e9, 400.0, 55.0, 300e9, SM_CLOCK_RANGE_MHZ[GpuType.A100][1]),
 }
 MODEL_SPECS: dict[str, ModelSpec] = {
     "llama-3.1-8b": ModelSpec(8.03e9, 32, 4096, 8, 128),
     "llama-3.1-70b": ModelSpec(70.6e9, 80, 8192, 8, 128),
 }
+#: z of the 99th percentile of a standard normal
+_Z99 = 2.326
+#: largest size CV the lognormal fit from (mean, p90) returns
+_MAX_SIZE_CV = 1.5
 BYTES_PER_PARAM: dict[str, float] = {"bf16": 2.0, "fp8": 1.0}
 
 
@@ -209,7 +215,7 @@ class ServingModel:
         return self.priors.load_fixed_s + m.params * BYTES_PER_PARAM[cfg.precision] / self.priors.load_bytes_s
 
     def gpu_power_w(self, gpu: str, sm_clock_mhz: float, activity: float) -> float:
-        """Board power of one GPU (W): idle plus activity x clock-scaled dynamic part, times the fitted factor.
+        """Board power of one GPU (W): idle + activity x clock-scaled dynamic part, x fitted factor.
 
         Parameters
         ----------
@@ -223,7 +229,7 @@ class ServingModel:
         return (g.idle_w + dyn) * self.corrections.power.get(gpu, 1.0)
 
     def activity(self, busy: float, prefill_share: float, batch: float, max_batch: float) -> float:
-        """Dynamic-power activity (0-1) of a replica busy `busy` of the time, `prefill_share` of that prefilling.
+        """Dynamic-power activity (0-1) of a replica busy `busy` of the time, prefilling `prefill_share`.
 
         Parameters
         ----------
@@ -255,3 +261,19 @@ def lognormal_exceed(mean: float, cv: float, threshold: float) -> float:
     mu = math.log(mean) - 0.5 * s2
     z = (math.log(threshold) - mu) / math.sqrt(s2)
     return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def size_cv_from_p90(mean: float, p90: float) -> float:
+    """CV of a lognormal with this mean and 90th percentile (0 when p90 <= mean)."""
+    if mean <= 0.0 or p90 <= mean:
+        return 0.0
+    # p90/mean = exp(1.2816 s - s^2/2); solve for s on the increasing branch
+    r = math.log(p90 / mean)
+    s = 1.2816 - math.sqrt(max(1.2816**2 - 2.0 * r, 0.0))
+    return min(math.sqrt(math.expm1(s * s)), _MAX_SIZE_CV)
+
+
+def lognormal_q99_ratio(cv: float) -> float:
+    """99th percentile / mean of a lognormal with this CV."""
+    s2 = math.log1p(cv * cv)
+    return math.exp(_Z99 * math.sqrt(s2) - 0.5 * s2)

@@ -113,7 +113,8 @@ FROM r LEFT JOIN tel USING (replica_id) GROUP BY ALL ORDER BY ALL
 """
 _QUEUES_SQL = """
 SELECT a.request_class, any_value(a.model) AS model, count(*) AS outstanding,
-       avg(a.input_tokens) AS input_tokens_mean, max(epoch($as_of::TIMESTAMPTZ - a.event_at)) AS oldest_wait_s,
+       avg(a.input_tokens) AS input_tokens_mean,
+       max(epoch($as_of::TIMESTAMPTZ - a.event_at)) AS oldest_wait_s,
        list(epoch(a.deadline_at - $as_of::TIMESTAMPTZ) ORDER BY a.deadline_at)
          FILTER (WHERE a.deadline_at IS NOT NULL) AS deadlines_s
 FROM request_arrival a
@@ -147,15 +148,32 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
     """
     p = {"as_of": as_of}
     pools = tuple(
-        PoolState(r["site"], r["model"], r["gpu_type"], int(r["warm"]), int(r["loading"]), int(r["cold"]),
-                  int(r["tp"] or 1), r["precision"] or "bf16", float(r["sm_clock_mhz"] or 0.0),
-                  int(r["max_batch"] or 256), tuple(r["loading_elapsed_s"] or ()), float(r["running"]),
-                  float(r["waiting"]))
+        PoolState(
+            r["site"],
+            r["model"],
+            r["gpu_type"],
+            int(r["warm"]),
+            int(r["loading"]),
+            int(r["cold"]),
+            int(r["tp"] or 1),
+            r["precision"] or "bf16",
+            float(r["sm_clock_mhz"] or 0.0),
+            int(r["max_batch"] or 256),
+            tuple(r["loading_elapsed_s"] or ()),
+            float(r["running"]),
+            float(r["waiting"]),
+        )
         for r in state.frame(_POOLS_SQL, p).iter_rows(named=True)
     )
     queues = tuple(
-        QueueState(r["request_class"], r["model"], int(r["outstanding"]), float(r["input_tokens_mean"] or 0.0),
-                   float(r["oldest_wait_s"] or 0.0), tuple(r["deadlines_s"] or ()))
+        QueueState(
+            r["request_class"],
+            r["model"],
+            int(r["outstanding"]),
+            float(r["input_tokens_mean"] or 0.0),
+            float(r["oldest_wait_s"] or 0.0),
+            tuple(r["deadlines_s"] or ()),
+        )
         for r in state.frame(_QUEUES_SQL, {"as_of": as_of, "since": as_of - lookback}).iter_rows(named=True)
     )
     prefix = {r["model"]: float(r["hit"]) for r in state.frame(_PREFIX_SQL, p).iter_rows(named=True)}
@@ -172,4 +190,3 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
         corrections=cal.corrections(),
         risk_band=float(band["band"][0]) if band.height and not math.isnan(band["band"][0]) else 1.0,
     )
-

@@ -1,9 +1,9 @@
 """statsforecast models refit on a cadence over the recent history (statsforecast is imported lazily).
 
 Fitting is the costly part (MSTL [24, 168] on 336 points ~0.1 s, AutoETS(24) ~0.25 s; BROKER.md), so each
-member refits every `refit_every` steps on its last `fit_steps` values. Between refits the ETS-family members
-run their fitted parameters forward over the newest values (`forward`, ~0.3 ms), and MSTL reads further
-along the forecast path of its last fit.
+member refits every `refit_every` steps (two weeks for hourly series) on its last `fit_steps` values. Between
+refits the ETS-family members run their fitted parameters forward over the newest values (`forward`,
+~0.3 ms), and MSTL reads further along the forecast path of its last fit.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ class _StatsForecastMember(PointModel):
     ----------
     season, week, seed : see `PointModel`.
     fit_steps : values used per fit (steps); default two weeks of an hourly series.
-    refit_every : steps of new data after which the model is refit; default one week.
+    refit_every : steps of new data after which the model is refit; default two weeks of an hourly series
+        (336), one week of a 5-minute series.
     """
 
     forwards = True
@@ -33,7 +34,7 @@ class _StatsForecastMember(PointModel):
                  refit_every: int | None = None) -> None:
         super().__init__(season, week, seed)
         self.fit_steps = fit_steps or max(2 * week if week <= 504 else 3 * season, 2 * season)
-        self.refit_every = refit_every or week
+        self.refit_every = refit_every or (2 * week if week <= 504 else week)
         self._cache = PrefixCache()
         self._fitted: Any = None
         self._path = np.empty(0)

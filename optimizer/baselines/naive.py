@@ -3,7 +3,7 @@ batching, no autoscaling, deferrable work run at once (DESIGN.md)."""
 
 from __future__ import annotations
 
-from optimizer.baselines.sizing import mean_output_tokens, rate_per_class, replicas_for, site_pools
+from optimizer.baselines.sizing import mean_sizes, rate_per_class, replicas_for, site_pools
 from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
 from optimizer.policy import History, Observations, Policy, PolicyContext, register
 
@@ -20,9 +20,10 @@ class NaivePolicy(Policy):
 
     def start(self, ctx: PolicyContext, history: History) -> Plan:
         rates = rate_per_class(history.arrivals_per_minute)
-        floors = replicas_for(rates, mean_output_tokens(history.size_quantiles), self.max_batch, 1.0)
+        sizes = mean_sizes(history.size_quantiles)
         pools = []
         for s in ctx.fleet.sites:
+            floors = replicas_for(rates, sizes, s, max_batch=self.max_batch, utilization=1.0)
             for p in site_pools(s, floors=floors, max_batch=self.max_batch):
                 pools.append(p.__class__(**{**p.__dict__, "replica_ceiling": p.replica_floor}))
         self._plan = Plan(pools=tuple(pools), routing=Routing.ROUND_ROBIN, ordering=Ordering.FCFS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from optimizer.baselines.sizing import mean_output_tokens, rate_per_class, replicas_for, site_pools
+from optimizer.baselines.sizing import mean_sizes, rate_per_class, replicas_for, site_pools
 from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
 from optimizer.policy import History, Observations, Policy, PolicyContext, register
 
@@ -28,8 +28,12 @@ class ProductionPolicy(Policy):
     def start(self, ctx: PolicyContext, history: History) -> Plan:
         # the fleet the autoscaler had reached at window start: Little's law on the last 15 minutes
         rates = rate_per_class(history.arrivals_per_minute, last=timedelta(minutes=15))
-        floors = replicas_for(rates, mean_output_tokens(history.size_quantiles), self.max_batch, self.target)
-        pools = tuple(p for s in ctx.fleet.sites for p in site_pools(s, floors=floors, max_batch=self.max_batch))
+        sizes = mean_sizes(history.size_quantiles)
+        pools = tuple(
+            p for s in ctx.fleet.sites
+            for p in site_pools(s, floors=replicas_for(rates, sizes, s, max_batch=self.max_batch,
+                                                       utilization=self.target), max_batch=self.max_batch)
+        )
         first = self._make(pools, "production: initial fleet from the last 15 min of history")
         steady = tuple(p.__class__(**{**p.__dict__, "replica_floor": min(p.replica_floor, 1)}) for p in pools)
         self._plan = self._make(steady, "production: HPA within [1, inventory]")

@@ -10,10 +10,9 @@ import polars as pl
 
 from optimizer.plan import PoolPlan
 from worldmodel.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, Site
+from worldmodel.servingmodel import PoolConfig, ServingModel
 
 MODEL_OF_CLASS = {"code": "llama-3.1-8b", "chat": "llama-3.1-70b", "batch": "llama-3.1-70b"}
-#: Expected time per output token used for Little's-law concurrency (s); half the tighter TPOT SLO.
-ASSUMED_TPOT_S = {"llama-3.1-8b": 0.025, "llama-3.1-70b": 0.05}
 #: Preferred GPU type per model when scaling up (the deployed layout): big model on H100.
 PREFERRED_GPU = {"llama-3.1-8b": ("A100", "H100"), "llama-3.1-70b": ("H100", "A100")}
 
@@ -31,22 +30,36 @@ def rate_per_class(arrivals_per_minute: pl.DataFrame, last: timedelta | None = N
     return {r["request_class"]: r["requests"] / (60.0 * minutes) for r in out.iter_rows(named=True)}
 
 
-def mean_output_tokens(size_quantiles: pl.DataFrame) -> dict[str, float]:
-    """Median output tokens per class over the history (tokens)."""
+def mean_sizes(size_quantiles: pl.DataFrame) -> dict[str, tuple[float, float]]:
+    """Approximate mean (input, output) tokens per class over the history: mean of p50 and p90."""
     if size_quantiles.height == 0:
         return {}
-    out = size_quantiles.group_by("request_class").agg(pl.col("output_tokens_p50").mean())
-    return {r["request_class"]: float(r["output_tokens_p50"]) for r in out.iter_rows(named=True)}
+    out = size_quantiles.group_by("request_class").agg(
+        ((pl.col("input_tokens_p50") + pl.col("input_tokens_p90")) / 2).mean().alias("inp"),
+        ((pl.col("output_tokens_p50") + pl.col("output_tokens_p90")) / 2).mean().alias("out"),
+    )
+    return {r["request_class"]: (float(r["inp"]), float(r["out"])) for r in out.iter_rows(named=True)}
 
 
-def replicas_for(rates: dict[str, float], out_tokens: dict[str, float], max_batch: int,
-                 utilization: float) -> dict[str, int]:
-    """Replicas per model so that Little's-law concurrency fills max_batch x utilization."""
-    conc: dict[str, float] = {}
+def replicas_for(rates: dict[str, float], sizes: dict[str, tuple[float, float]], site: Site, *,
+                 max_batch: int, utilization: float, precision: str = "bf16") -> dict[str, int]:
+    """Replicas per model on its preferred GPU type so that busy time stays at `utilization`.
+
+    Per request the replica spends prefill_s(input) plus output x step_s(batch) / batch of decode time
+    (continuous batching amortizes decode over the batch), from the operator's own serving model.
+    """
+    sm = ServingModel()
+    busy: dict[str, float] = {}
     for cls, rate in rates.items():
         model = MODEL_OF_CLASS[cls]
-        conc[model] = conc.get(model, 0.0) + rate * out_tokens.get(cls, 200.0) * ASSUMED_TPOT_S[model]
-    return {m: max(1, math.ceil(c / (max_batch * utilization))) for m, c in conc.items()}
+        gpu = next(g for g in PREFERRED_GPU[model] if site.gpus(GpuType(g)) > 0)
+        prec = precision if gpu == "H100" else "bf16"
+        cfg = PoolConfig(gpu, model, DEFAULT_TP[(model, GpuType(gpu))], prec, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1])
+        inp, out = sizes.get(cls, (1000.0, 200.0))
+        batch = max_batch / 2
+        per_req = sm.prefill_s(cfg, inp) + out * sm.decode_step_s(cfg, batch, inp + out / 2) / batch
+        busy[model] = busy.get(model, 0.0) + rate * per_req
+    return {m: max(1, math.ceil(b / utilization)) for m, b in busy.items()}
 
 
 def site_pools(site: Site, *, floors: dict[str, int], max_batch: int, precision: str = "bf16",

@@ -55,14 +55,16 @@ def bundled() -> list[Entry]:
         df = load_azure(kind)
         span = f"{_iso(df['arrived_at'][0])} .. {_iso(df['arrived_at'][-1])}"
         folder = root / "traces" / "azure_llm_2023"
-        out.append(Entry(f"traces/azure_llm_2023 {kind}", span, df.height, _license(folder, "CC-BY-4.0"), folder))
+        out.append(Entry(f"traces/azure_llm_2023 {kind}", span, df.height, _license(folder, "CC-BY-4.0"),
+                         folder))
     mc = load_mooncake()
     folder = root / "traces" / "mooncake_fast25"
-    out.append(Entry("traces/mooncake_fast25 conversation", f"0 .. {mc['arrival_ms'][-1] / 1000:.0f} s (relative)",
-                     mc.height, _license(folder, "Apache-2.0"), folder))
-    shape = load_rate_shape()
-    span = f"0 .. {(shape.height * SLOT_S) / 86400:.0f} d (relative, {SLOT_S // 60}-min windows, {shape_clients()} clients)"
-    out.append(Entry("servegen/language m-large rate", span, shape.height * shape_clients(),
+    span = f"0 .. {mc['arrival_ms'][-1] / 1000:.0f} s (relative)"
+    out.append(Entry("traces/mooncake_fast25 conversation", span, mc.height, _license(folder, "Apache-2.0"),
+                     folder))
+    shape, clients = load_rate_shape(), shape_clients()
+    span = f"0 .. {shape.height * SLOT_S / 86400:.0f} d (relative, {SLOT_S // 60}-min, {clients} series)"
+    out.append(Entry("servegen/language m-large rate", span, shape.height * clients,
                      _license(root / "servegen", "Apache-2.0"), root / "servegen"))
     for folder, spdx in (("splitwise_perf_model", "MIT"), ("aiconfigurator_silicon", "Apache-2.0")):
         path = root / "calibration" / folder
@@ -97,7 +99,7 @@ def run_window(args: argparse.Namespace) -> int:
     markets = [m.strip().upper() for m in args.markets.split(",") if m.strip()]
     years = [int(y) for y in args.years.split(",")] if args.years else [args.year]
     classes = [c.name.value for c in PROTOCOL_V1.classes]
-    print(f"{'market':<6} {'year':>4} {'rule':<6} {'window UTC':<36} {'window market-local':<44} "
+    print(f"{'market':<6} {'year':>4} {'rule':<6} {'window UTC':<38}  {'window market-local':<54}  "
           f"{'mean $/MWh':>10} " + " ".join(f"{c:>8}" for c in classes) + f" {'total':>8}")
     try:
         start = _parse_start(args.start)
@@ -107,9 +109,11 @@ def run_window(args: argparse.Namespace) -> int:
                                    period_minutes=args.period_minutes, seed=args.seed, source=args.source)
                 counts = dict(w.requests["request_class"].value_counts().iter_rows())
                 lo, hi = w.window.local()
-                print(f"{market:<6} {year:>4} {w.window.rule:<6} {_iso(w.window.start)} .. {_iso(w.window.end)}  "
-                      f"{lo.isoformat()} .. {hi.isoformat()}  {w.window.mean_price_usd_mwh:>10.2f} "
-                      + " ".join(f"{counts.get(c, 0):>8}" for c in classes) + f" {w.requests.height:>8}")
+                utc = f"{_iso(w.window.start)} .. {_iso(w.window.end)}"
+                local = f"{lo.isoformat()} .. {hi.isoformat()}"
+                per_class = " ".join(f"{counts.get(c, 0):>8}" for c in classes)
+                print(f"{market:<6} {year:>4} {w.window.rule:<6} {utc}  {local}  "
+                      f"{w.window.mean_price_usd_mwh:>10.2f} {per_class} {w.requests.height:>8}")
     except (ValueError, FileNotFoundError) as exc:
         print(f"aurelius data window: {exc}", file=sys.stderr)
         return 2

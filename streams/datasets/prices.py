@@ -45,8 +45,8 @@ PRICE_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-def _file(market: str, year: int) -> Path:
-    return data_dir() / "prices" / FOLDER[market] / f"{FOLDER[market]}_electricity_prices_{year}.csv.gz"
+def _file(root: Path, market: str, year: int) -> Path:
+    return root / "prices" / FOLDER[market] / f"{FOLDER[market]}_electricity_prices_{year}.csv.gz"
 
 
 def available_years(market: str) -> list[int]:
@@ -62,9 +62,9 @@ def _check(market: str) -> None:
         raise ValueError(f"unknown market {market!r}; known: {sorted(FOLDER)}")
 
 
-def _read_file(market: str, year: int) -> pl.DataFrame:
+def _read_file(root: Path, market: str, year: int) -> pl.DataFrame:
     """One raw year file as (interval_start UTC, lmp_usd_mwh), quirks not yet handled."""
-    raw = pl.read_csv(_file(market, year), schema={"Datetime": pl.Utf8, "Price (USD/MWh)": pl.Float64})
+    raw = pl.read_csv(_file(root, market, year), schema={"Datetime": pl.Utf8, "Price (USD/MWh)": pl.Float64})
     ts = pl.col("Datetime")
     if HAS_OFFSET[market]:
         start = ts.str.to_datetime("%Y-%m-%d %H:%M:%S%:z", time_unit="us").dt.convert_time_zone("UTC")
@@ -88,8 +88,8 @@ def _dedupe_overlap(market: str, df: pl.DataFrame) -> pl.DataFrame:
 
 
 @lru_cache(maxsize=32)
-def _load(market: str, years: tuple[int, ...]) -> pl.DataFrame:
-    files = [_read_file(market, y) for y in years]
+def _load(root: Path, market: str, years: tuple[int, ...]) -> pl.DataFrame:
+    files = [_read_file(root, market, y) for y in years]
     df = _dedupe_overlap(market, pl.concat(files))
     local_year = pl.col("interval_start").dt.convert_time_zone(MARKET_TZ[market]).dt.year()
     df = df.filter(local_year.is_in(list(years))).sort("interval_start")
@@ -132,7 +132,7 @@ def load_prices(market: str, years: Iterable[int]) -> pl.DataFrame:
     missing = sorted(set(ys) - set(available_years(market)))
     if missing:
         raise FileNotFoundError(f"{market}: no bundled prices for {missing}; have {available_years(market)}")
-    return _load(market, ys).clone()
+    return _load(data_dir(), market, ys).clone()
 
 
 def price_gaps(df: pl.DataFrame, start: datetime | None = None, end: datetime | None = None) -> pl.DataFrame:

@@ -16,6 +16,7 @@ import io
 import tarfile
 from datetime import datetime, timedelta
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -37,9 +38,9 @@ def _read(tf: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     return f.read()
 
 
-@lru_cache(maxsize=1)
-def _shape() -> tuple[np.ndarray, int]:
-    with tarfile.open(data_dir() / "servegen" / ARCHIVE) as tf:  # sequential read: gzip cannot seek back
+@lru_cache(maxsize=2)
+def _shape(root: Path) -> tuple[np.ndarray, int]:
+    with tarfile.open(root / "servegen" / ARCHIVE) as tf:  # sequential read: gzip cannot seek back
         blobs = {m.name: _read(tf, m) for m in tf if m.isfile() and m.name.endswith("-trace.csv")}
     total: np.ndarray | None = None
     for name in sorted(blobs):  # a fixed summation order keeps the float sum reproducible
@@ -65,13 +66,13 @@ def load_rate_shape() -> pl.DataFrame:
         offset_s (i64, window start from the trace origin, s), rate_rps (f64, requests/s summed over
         all clients), 2016 rows = 14 days.
     """
-    total, _ = _shape()
+    total, _ = _shape(data_dir())
     return pl.DataFrame({"offset_s": np.arange(total.size, dtype=np.int64) * SLOT_S, "rate_rps": total})
 
 
 def shape_clients() -> int:
     """Number of client series summed into the shape."""
-    return _shape()[1]
+    return _shape(data_dir())[1]
 
 
 def aligned_rate(tz: str, start: datetime, offsets_s: np.ndarray) -> np.ndarray:
@@ -88,7 +89,7 @@ def aligned_rate(tz: str, start: datetime, offsets_s: np.ndarray) -> np.ndarray:
     np.ndarray
         Shape rate (requests/s, before scaling) at each instant, float64, same shape as ``offsets_s``.
     """
-    total, _ = _shape()
+    total, _ = _shape(data_dir())
     period_s = total.size * SLOT_S
     offsets = np.asarray(offsets_s, dtype=np.float64)
     start_us = pl.Series([start]).dt.convert_time_zone("UTC").dt.epoch("us")[0]

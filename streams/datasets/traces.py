@@ -6,6 +6,7 @@ Rows keep the trace's own order (its time order); the workload builder cycles th
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 import polars as pl
 
@@ -17,8 +18,8 @@ MOONCAKE_BLOCK_TOKENS = 512
 
 
 @lru_cache(maxsize=4)
-def _azure(kind: str) -> pl.DataFrame:
-    path = data_dir() / "traces" / "azure_llm_2023" / f"AzureLLMInferenceTrace_{kind}.csv.gz"
+def _azure(root: Path, kind: str) -> pl.DataFrame:
+    path = root / "traces" / "azure_llm_2023" / f"AzureLLMInferenceTrace_{kind}.csv.gz"
     schema = {"TIMESTAMP": pl.Utf8, "ContextTokens": pl.Int32, "GeneratedTokens": pl.Int32}
     raw = pl.read_csv(path, schema=schema)
     # 7 fractional digits: cut to microseconds; the trace's time zone is unstated, read as UTC
@@ -41,12 +42,12 @@ def load_azure(kind: str) -> pl.DataFrame:
     """
     if kind not in AZURE_KINDS:
         raise ValueError(f"unknown Azure trace {kind!r}; known: {AZURE_KINDS}")
-    return _azure(kind).clone()
+    return _azure(data_dir(), kind).clone()
 
 
-@lru_cache(maxsize=1)
-def _mooncake() -> pl.DataFrame:
-    path = data_dir() / "traces" / "mooncake_fast25" / "conversation_trace.jsonl.gz"
+@lru_cache(maxsize=2)
+def _mooncake(root: Path) -> pl.DataFrame:
+    path = root / "traces" / "mooncake_fast25" / "conversation_trace.jsonl.gz"
     schema = {
         "timestamp": pl.Int64,
         "input_length": pl.Int32,
@@ -71,4 +72,4 @@ def load_mooncake() -> pl.DataFrame:
         arrival_ms (i64, ms from the trace start), input_tokens (i32), output_tokens (i32),
         prefix_block_ids (list[i64], 512-token prefix-block hashes, as published).
     """
-    return _mooncake().clone()
+    return _mooncake(data_dir()).clone()

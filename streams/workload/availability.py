@@ -94,14 +94,14 @@ def visible(prices: pl.DataFrame, as_of: datetime) -> pl.DataFrame:
     return prices.filter(pl.col("published_at") <= pl.lit(t).dt.convert_time_zone("UTC"))
 
 
-def arrival_records(requests: pl.DataFrame, window_start: datetime, site: str | None = None) -> pl.DataFrame:
+def arrival_records(requests: pl.DataFrame, window_start: datetime, site: str) -> pl.DataFrame:
     """Workload requests as request_arrival records (schemas/README.md): no output length.
 
     Parameters
     ----------
     requests : the builder's request frame (``arrival_s`` and ``deadline_s`` in s after window start).
     window_start : UTC start of the window (t = 0 of ``arrival_s``).
-    site : the site the request reached, if already routed.
+    site : the site the requests reached (schemas/request_arrival.v1: a non-empty string).
 
     Returns
     -------

@@ -8,6 +8,7 @@ from a seeded offset. Pure-trace mode (``source="azure"|"mooncake"``) replays on
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -59,8 +60,9 @@ class Workload:
     requests : one row per request, sorted by arrival; columns `REQUEST_SCHEMA` (arrival_s and
         deadline_s in s after ``window.start``; output_tokens is ground truth, never shown at arrival).
     history : the 7 days before the window, as aggregates.
-    prices : price records from the history start to 24 h past the window (or arrivals) end, with
-        published_at; consumers must filter with `availability.visible`.
+    prices : price records from the history start to 24 h past the window (or arrivals) end, plus the
+        day-ahead hours published by then; with published_at, so consumers filter with
+        `availability.visible`.
     seed : workload seed.
     source : "protocol", "azure" or "mooncake".
     provenance : request column -> "trace-derived" or "modeled".
@@ -75,9 +77,12 @@ class Workload:
     provenance: dict[str, str]
 
 
-def rng(seed: int, stream: str) -> np.random.Generator:
-    """The generator of one named random stream of a workload seed."""
-    return np.random.default_rng(np.random.SeedSequence([seed, STREAM[stream]]))
+def rng(seed: int, stream: str, market: str) -> np.random.Generator:
+    """The generator of one named random stream of a market's workload seed.
+
+    The market is part of the entropy, so markets built with the same seed draw independently.
+    """
+    return np.random.default_rng(np.random.SeedSequence([seed, STREAM[stream], zlib.crc32(market.encode())]))
 
 
 def size_traces() -> dict[RequestClass, pl.DataFrame]:
@@ -168,16 +173,17 @@ def _protocol_requests(
     traces: dict[RequestClass, pl.DataFrame],
 ) -> tuple[pl.DataFrame, dict[RequestClass, int]]:
     """Arrivals, classes, sizes and deadlines; returns the frame and each class's trace offset."""
-    arrival = profile.sample(span_s, rng(seed, "arrivals"))
+    arrival = profile.sample(span_s, rng(seed, "arrivals", profile.market))
     specs = protocol.classes
-    cls = rng(seed, "classes").choice(len(specs), size=arrival.size, p=[c.share for c in specs])
-    offsets_gen = rng(seed, "offsets")
+    shares = [c.share for c in specs]
+    cls = rng(seed, "classes", profile.market).choice(len(specs), size=arrival.size, p=shares)
+    offsets_gen = rng(seed, "offsets", profile.market)
     offsets = {c.name: int(offsets_gen.integers(traces[c.name].height)) for c in specs}
     deferrable = np.array([c.deferrable for c in specs])[cls]
     lo = np.array([c.deadline_min_s or 0.0 for c in specs])[cls[deferrable]]
     hi = np.array([c.deadline_max_s or 0.0 for c in specs])[cls[deferrable]]
     deadline = np.full(arrival.size, np.nan)
-    deadline[deferrable] = arrival[deferrable] + rng(seed, "deadlines").uniform(lo, hi)
+    deadline[deferrable] = arrival[deferrable] + rng(seed, "deadlines", profile.market).uniform(lo, hi)
     parts = []
     for i, c in enumerate(specs):
         pos = np.flatnonzero(cls == i)  # the class's requests in arrival order walk its trace from the offset
@@ -261,17 +267,19 @@ def build_workload(
         profile = RateProfile.scaled(market, window.start, protocol.target_requests, window_s)
         traces = size_traces()
         df, offsets = _protocol_requests(profile, span_s, seed, protocol, traces)
-        history = protocol_history(profile, traces, offsets, rng(seed, "history"), prices, protocol)
+        history = protocol_history(profile, traces, offsets, rng(seed, "history", market), prices, protocol)
         derived = ("arrival_s", "input_tokens", "output_tokens", "prefix_block_ids")
     else:
         df = _trace_requests(source, protocol)
+        history = trace_history(df, window.start, prices, protocol)  # the whole trace, repeated backward
         if periods is not None:
             df = df.filter(pl.col("arrival_s") < span_s)
-        history = trace_history(df, window.start, prices, protocol)
         derived = ("arrival_s", "request_class", "model", "input_tokens", "output_tokens", "prefix_block_ids")
     requests = _finish(df, market, seed)
     provenance = {c: TRACE_DERIVED if c in derived else MODELED for c in REQUEST_SCHEMA if c != "request_id"}
+    # every hour up to the horizon, plus day-ahead hours past it that are already published by then
     window_prices = prices.filter(
-        (pl.col("interval_start") >= history_start) & (pl.col("interval_start") < horizon_end)
+        (pl.col("interval_start") >= history_start)
+        & ((pl.col("interval_start") < horizon_end) | (pl.col("published_at") <= horizon_end))
     )
     return Workload(window, requests, history, window_prices, seed, source, provenance)

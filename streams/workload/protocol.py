@@ -31,7 +31,8 @@ class ClassSpec:
     model : the model that serves it.
     share : fraction of requests (0-1).
     ttft_slo_ms, tpot_slo_ms : interactive SLA (ms); None for deferrable work.
-    deadline_min_s, deadline_max_s : deferrable deadline after arrival (s), seeded uniform; None if interactive.
+    deadline_min_s, deadline_max_s : deferrable deadline after arrival (s), seeded uniform; None if
+        interactive.
     size_source : which trace supplies prompt/output sizes.
     """
 
@@ -57,7 +58,9 @@ class Protocol:
         default_factory=lambda: (
             ClassSpec(RequestClass.CODE, ModelName.LLAMA_8B, 0.30, 1000.0, 50.0, None, None, "azure_code"),
             ClassSpec(RequestClass.CHAT, ModelName.LLAMA_70B, 0.60, 2000.0, 100.0, None, None, "azure_conv"),
-            ClassSpec(RequestClass.BATCH, ModelName.LLAMA_70B, 0.10, None, None, 1800.0, 10800.0, "mooncake_conv"),
+            ClassSpec(
+                RequestClass.BATCH, ModelName.LLAMA_70B, 0.10, None, None, 1800.0, 10800.0, "mooncake_conv"
+            ),
         )
     )
     period_s: float = 300.0

@@ -104,3 +104,16 @@ def test_redelivery_is_idempotent(tmp_path, records):
     c = ing.load_state().counts
     assert c["skipped_redelivered"] == 8 and c["duplicates"] == 8
     assert [o for o in sent2 if o.topic == topics.recommendations.name] == []  # nothing new to decide
+
+
+def test_equivalence_hook_replays_an_observation_directory(tmp_path, records):
+    from streams.equivalence import replay_decisions
+
+    obs = tmp_path / "observations"
+    obs.mkdir()
+    rows = [records.arrival(f"r{i}", records.T0 + timedelta(seconds=20 * i)) for i in range(10)]
+    (obs / "request_arrival.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    out = replay_decisions(tmp_path, lambda origin: CountingDecider(), period_s=60, allowed_lateness_s=5,
+                           batch_records=3)
+    assert [d["period_index"] for d in out] == [0, 1, 2]
+    assert [d["observed"].get("request_arrival", 0) for d in out] == [0, 3, 3]

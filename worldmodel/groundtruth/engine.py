@@ -49,7 +49,7 @@ MIN_PREFIX_BLOCKS = 1
 @njit(cache=True)
 def schedule(rep, r: int, req, sf, si, ht, hr, hv, t: float) -> None:
     """Plan replica r's next iteration from time t and push its end event."""
-    end = plan_step(rep, r, req, sf, t)
+    end = plan_step(rep, r, req, sf, t, si[S_EDF] == 1)
     if end < math.inf:
         rep.version[r] += 1
         si[S_HEAP_N] = heap_push(ht, hr, hv, si[S_HEAP_N], end, r, rep.version[r])
@@ -168,6 +168,7 @@ def on_step_end(rep, pools, req, q, hw, logs, sf, si, ht, hr, hv, r: int, t: flo
     if t > start:
         rep.busy_acc[r] += t - start
     rep.busy_mark[r] = t
+    rep.pfill_acc[r] += rep.step_cmp[r]
     finish_step(rep, r, req, t, logs.completed, logs.n_completed)
     while True:
         i = preempt_if_full(rep, r, req)

@@ -101,15 +101,17 @@ def has_room(rep, r: int, max_batch: int, req, i: int) -> bool:
 
 @njit(cache=True)
 def remove_at(rep, r: int, k: int) -> None:
+    """Remove slot k keeping admission order (prefill chunks are handed out first come, first served)."""
     last = rep.n[r] - 1
-    rep.seqs[r, k] = rep.seqs[r, last]
-    rep.active[r, k] = rep.active[r, last]
-    rep.chunk[r, k] = rep.chunk[r, last]
+    for j in range(k, last):
+        rep.seqs[r, j] = rep.seqs[r, j + 1]
+        rep.active[r, j] = rep.active[r, j + 1]
+        rep.chunk[r, j] = rep.chunk[r, j + 1]
     rep.n[r] = last
 
 
 @njit(cache=True)
-def plan_step(rep, r: int, req, sf, t: float) -> float:
+def plan_step(rep, r: int, req, sf, t: float, edf: bool) -> float:
     """Compose the next iteration of replica r at time t; return its end time (inf when idle).
 
     Mixed iteration if any active sequence has prompt left to prefill, else a decode jump to the next
@@ -125,34 +127,42 @@ def plan_step(rep, r: int, req, sf, t: float) -> float:
     p_attn = 0.0
     kv_tokens = 0.0
     min_left = 1 << 40
-    for k in range(n):
-        i = rep.seqs[r, k]
-        rep.active[r, k] = 1
-        ctx = req.inp[i] + req.gen[i]
-        if req.prefill_left[i] > 0:
-            c = min(req.prefill_left[i], int(budget - p_tok))
-            if c < 0:
-                c = 0
-            rep.chunk[r, k] = c
-            if c > 0:
-                done_before = ctx - req.prefill_left[i]
-                p_tok += c
-                p_attn += c * (done_before + 0.5 * c)
-                kv_tokens += done_before
+    # EDF: interactive prompts take the prefill budget before deferrable ones; FCFS: admission order
+    for ps in range(2 if edf else 1):
+        for k in range(n):
+            i = rep.seqs[r, k]
+            deferred_prompt = edf and req.cls[i] == 2 and req.prefill_left[i] > 0
+            if ps == 0 and deferred_prompt:
+                continue
+            if ps == 1 and not deferred_prompt:
+                continue
+            rep.active[r, k] = 1
+            ctx = req.inp[i] + req.gen[i]
+            if req.prefill_left[i] > 0:
+                c = min(req.prefill_left[i], int(budget - p_tok))
+                if c < 0:
+                    c = 0
+                rep.chunk[r, k] = c
+                if c > 0:
+                    done_before = ctx - req.prefill_left[i]
+                    p_tok += c
+                    p_attn += c * (done_before + 0.5 * c)
+                    kv_tokens += done_before
+                else:
+                    rep.active[r, k] = 0
             else:
-                rep.active[r, k] = 0
-        else:
-            rep.chunk[r, k] = 0
-            n_dec += 1
-            kv_tokens += ctx
-            left = req.out[i] - req.gen[i]
-            if left < min_left:
-                min_left = left
+                rep.chunk[r, k] = 0
+                n_dec += 1
+                kv_tokens += ctx
+                left = req.out[i] - req.gen[i]
+                if left < min_left:
+                    min_left = left
     rep.stepping[r] = 1
     rep.step_start[r] = t
     if p_tok > 0.0 or n_dec == 0:
         rep.jump_k[r] = 0
         dt = iteration_time(rep, r, sf, n_dec, kv_tokens, p_tok, p_attn)
+        rep.step_cmp[r] = dt - iteration_time(rep, r, sf, n_dec, kv_tokens, 0.0, 0.0)
     else:
         # decode jump: k steps, context growing by n_dec tokens per step
         k_steps = max(1, min_left)
@@ -160,6 +170,7 @@ def plan_step(rep, r: int, req, sf, t: float) -> float:
         if room < n_dec * k_steps:
             k_steps = max(1, int(room // max(n_dec, 1)))
         rep.jump_k[r] = k_steps
+        rep.step_cmp[r] = 0.0
         c = rep.coef[r]
         _, memory = slowdown(rep, r, sf)
         dt0 = iteration_time(rep, r, sf, n_dec, kv_tokens, 0.0, 0.0)

@@ -126,6 +126,7 @@ class SiteRuntime:
             np.zeros((n_rep, mb), i8), np.zeros((n_rep, mb), i8), np.zeros(n_rep, i8), np.zeros(n_rep, i8),
             np.zeros(n_rep), np.zeros(n_rep), np.zeros(n_rep, i8), np.zeros(n_rep, i8), np.zeros(n_rep),
             np.zeros(n_rep), np.full((n_rep, st.CACHE_SLOTS), -1, i8), np.zeros(n_rep), np.full(n_rep, -1, i8),
+            np.zeros(n_rep), np.zeros(n_rep), np.zeros(n_rep),
         )
         n_models = len(MODELS)
         cap = max(n, 1) * 2

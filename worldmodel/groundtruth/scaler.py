@@ -36,6 +36,7 @@ from worldmodel.groundtruth.state import (
 TEL_DT = 10.0
 STABILIZATION_TICKS = 20  # 300 s of 15 s ticks
 TOLERANCE = 0.1
+WAITING_PER_REPLICA = 5.0  # KEDA threshold on vllm:num_requests_waiting (REFERENCES.md)
 
 
 @njit(cache=True)
@@ -135,10 +136,16 @@ def drain_one(rep, pools, hw, logs, p: int, t: float) -> None:
 
 @njit(cache=True)
 def model_demand(rep, pools, req, q, si, m: int) -> tuple:
-    """(replicas warm or loading, warm batch slots, running, kv used, kv capacity, waiting) for model m."""
+    """(replicas warm or loading, warm replicas, warm batch slots, running, kv used, kv capacity, waiting) for model m.
+
+    running counts sequences past their first token; pfill sums the replicas' prefill compute share; waiting counts queued requests plus those admitted but
+    not yet past prefill (what vLLM reports as num_requests_waiting), and released deferrable work."""
     current = 0
     slots = 0.0
     running = 0.0
+    prefill_wait = 0.0
+    pfill = 0.0
+    n_warm = 0.0
     kv = 0.0
     kvcap = 0.0
     for r in range(rep.n.shape[0]):
@@ -150,13 +157,19 @@ def model_demand(rep, pools, req, q, si, m: int) -> tuple:
         current += 1
         if rep.state[r] == WARM:
             slots += pools.max_batch[p]
-            running += rep.n[r]
+            n_warm += 1.0
+            pfill += rep.pfill_util[r]
             kv += rep.kv[r]
             kvcap += rep.coef[r, C_KVCAP]
-    waiting = float(q.itail[m] - q.ihead[m])
+            for k in range(rep.n[r]):  # vLLM counts requests before their first token as waiting
+                if req.gen[rep.seqs[r, k]] == 0:
+                    prefill_wait += 1.0
+                else:
+                    running += 1.0
+    waiting = float(q.itail[m] - q.ihead[m]) + prefill_wait
     if si[S_ADMISSION] != ADM_HOLD:
         waiting += q.bn[m]
-    return current, slots, running, kv, kvcap, waiting
+    return current, n_warm, slots, running, kv, kvcap, waiting, pfill
 
 
 @njit(cache=True)
@@ -174,16 +187,21 @@ def autoscale_tick(rep, pools, req, q, hw, logs, sf, si, t: float) -> None:
             if pools.model[p] == m:
                 floor_sum += pools.floor[p]
                 ceil_sum += pools.ceil[p]
-        current, slots, running, kv, kvcap, waiting = model_demand(rep, pools, req, q, si, m)
+        current, n_warm, slots, running, kv, kvcap, waiting, pfill = model_demand(rep, pools, req, q, si, m)
         if si[S_AUTOSCALE] == 1:
             if slots > 0:
-                u = max((running + waiting) / slots, kv / max(kvcap, 1.0) + waiting / slots)
+                # utilization: batch-slot occupancy plus the share of time spent in compute-bound prefill
+                u = max(running / slots + pfill / n_warm, kv / max(kvcap, 1.0))
                 warm = current
                 ratio = u / target
                 if abs(ratio - 1.0) <= TOLERANCE:
                     desired = current
                 else:
                     desired = int(math.ceil(warm * ratio))
+                # KEDA-style backlog trigger on vllm:num_requests_waiting (threshold per replica)
+                backlog = int(math.ceil(waiting / WAITING_PER_REPLICA))
+                if backlog > current:
+                    desired = max(desired, backlog)
             else:
                 desired = current if (running + waiting) == 0 else max(current, 1)
             desired = min(desired, max(2 * current, current + 4))
@@ -253,6 +271,8 @@ def telemetry_tick(rep, pools, req, q, hw, logs, sf, si, t: float) -> None:
             rep.busy_mark[r] = t
         util = min(1.0, rep.busy_acc[r] / TEL_DT)
         rep.busy_acc[r] = 0.0
+        rep.pfill_util[r] = min(1.0, rep.pfill_acc[r] / TEL_DT)
+        rep.pfill_acc[r] = 0.0
         fclk = pools.clock[p] / pools.clock_max[p]
         rep.heat[r] += (util * fclk * fclk - rep.heat[r]) * TEL_DT / 300.0
         thermal = 1.0 + max(0.0, rep.heat[r] - 0.75) * 0.4

@@ -71,6 +71,9 @@ class Replicas(NamedTuple):
     cache: np.ndarray  # i8 [R, CACHE_SLOTS] prefix block ids (-1 empty)
     started_at: np.ndarray  # f8
     gpu0: np.ndarray  # i8 first physical GPU index (-1 when off)
+    step_cmp: np.ndarray  # f8 compute-bound (prefill) part of the current iteration (s)
+    pfill_acc: np.ndarray  # f8 prefill compute seconds in the current telemetry tick
+    pfill_util: np.ndarray  # f8 prefill compute share of the last tick (0-1)
 
 
 class Hardware(NamedTuple):

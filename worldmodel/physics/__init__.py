@@ -19,7 +19,7 @@ from functools import cache
 import numpy as np
 
 from worldmodel.fleet import GpuType, Precision
-from worldmodel.physics import clock, power, tables
+from worldmodel.physics import clock, tables
 from worldmodel.physics.calibrate import AICONFIGURATOR, fitted, splitwise_a100_ratio
 from worldmodel.physics.power import gpu_power_w, node_overhead_w
 from worldmodel.physics.tables import kv_capacity_tokens, weights_load_s
@@ -123,7 +123,8 @@ def step_coefficients(
     precision : str
         'bf16' or 'fp8' (fp8 on H100 only; ValueError on A100).
     sm_clock_mhz : float
-        Locked SM clock (MHz), within the GPU's range; prefill terms scale ~ (f_max/f)^1, decode ~ (f_max/f)^0.1.
+        Locked SM clock (MHz), within the GPU's range; prefill terms scale ~ (f_max/f)^1,
+        decode terms ~ (f_max/f)^0.1.
     fp8_speedup_scale : float
         Sensitivity on the modeled fp8 speed-up: speed-up = 1 + (s - 1) x scale (0 = no speed-up).
 
@@ -136,7 +137,7 @@ def step_coefficients(
     --------
     >>> c = step_coefficients("llama-3.1-70b", "H100", 4, "fp8", 1980.0)
     >>> round(1e3 * (c.base_s + 64 * c.per_seq_s + 64 * 1536 * c.per_kv_token_s), 1)  # ms, batch 64 @1.5k ctx
-    18.0
+    17.5
     """
     gpu_t, prec = GpuType(gpu), tables.check_precision(gpu, precision)
     tables.model_spec(model)
@@ -163,8 +164,9 @@ def step_coefficients(
         f"modeled: {tp} x 80 GB x 0.9 - weights, / KV bytes per token ({tables.MODEL_SOURCE})"
     )
     values["weights_load_s"] = weights_load_s(model, tp, precision)
+    load = tables.WEIGHT_LOAD_BYTES_PER_S_PER_GPU
     prov["weights_load_s"] = (
-        f"modeled: shard bytes / {tables.WEIGHT_LOAD_BYTES_PER_S_PER_GPU.source} + {tables.ENGINE_START_S.value} s"
+        f"modeled: shard bytes / {load.source} + {tables.ENGINE_START_S.value} s engine start"
     )
     values["idle_power_w"] = spec.idle_w.value
     prov["idle_power_w"] = f"{spec.idle_w.provenance}: {spec.idle_w.source}"

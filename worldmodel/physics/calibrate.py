@@ -10,12 +10,14 @@ error. How each measured row maps onto iterations is in `docs/physics.md`:
   context prompt + output/2.
 * AIConfigurator (closed loop at concurrency c, isl/osl): TPOT = a decode iteration of c sequences at context
   isl + osl/2 plus the amortized prefill of c/osl requests per iteration; TTFT = half an iteration of
-  residual wait plus the chunked prefill iterations (8,192-token budget) with c - 1 decodes riding along.
+  residual wait plus the chunked prefill iterations (8,192-token budget) with c - 1 decodes riding along,
+  plus two fitted nuisance terms that are not exported (a frontend overhead in s, and closed-loop queueing
+  behind other requests' prefills, s per concurrency x isl token): the simulator models its own queueing.
 
 Rows whose KV demand (concurrency x (isl + osl)) exceeds the engine's KV capacity are queue-bound, not
 step-bound, and are dropped before fitting and scoring. Held-out rows: every 5th distinct configuration point
-(sorted), separately for the prefill and decode keys of each fitted configuration; all repeats of a point go
-to the same side.
+(sorted, positions 1, 6, 11, ...), separately for the prefill and decode keys of each fitted
+configuration; all repeats of a point go to the same side.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class Fit:
     decode: Rows
 
     def mape(self, metric: str, held_out: bool = True) -> float:
-        """Median absolute percentage error (%) of `metric` ('prefill' | 'decode') on held-out or train rows."""
+        """Median absolute percentage error (%) of `metric` ('prefill' | 'decode'), held-out or train rows."""
         rows: Rows = getattr(self, metric)
         sel = rows.held_out if held_out else ~rows.held_out
         if not sel.any():
@@ -168,7 +170,7 @@ def aic_rows(model: str, tp: int, precision: str) -> tuple[Rows, Rows]:
 
 
 def fit_rows(prefill: Rows, decode: Rows, floor: np.ndarray) -> np.ndarray:
-    """Least squares on relative error over the training rows of both metrics, theta >= floor (elementwise)."""
+    """Least squares on relative error over the training rows of both metrics, theta >= floor."""
     train = [(r.x[~r.held_out], r.y_s[~r.held_out]) for r in (prefill, decode)]
     a = np.vstack([x / y[:, None] for x, y in train])
     b = np.concatenate([1.0 - x @ floor / y for x, y in train])
@@ -178,7 +180,7 @@ def fit_rows(prefill: Rows, decode: Rows, floor: np.ndarray) -> np.ndarray:
 
 @cache
 def fitted(dataset: str, model: str, gpu: str, tp: int, precision: str) -> Fit:
-    """Fit one measured configuration; KeyError-like ValueError when the dataset has no such rows."""
+    """Fit one measured configuration (training rows only); ValueError when the dataset has no such rows."""
     if dataset == SPLITWISE and model == "llama-3.1-70b" and precision == "bf16":
         prefill, decode = splitwise_rows(gpu, tp)
     elif dataset == AICONFIGURATOR and gpu == "H100":

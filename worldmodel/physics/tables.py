@@ -93,7 +93,7 @@ GPUS: dict[GpuType, GpuSpec] = {
 #: Fraction of GPU memory the engine may use (vLLM gpu_memory_utilization default).
 GPU_MEMORY_UTILIZATION = 0.9
 
-#: Weight load bandwidth per GPU (bytes/s): safetensors from local NVMe, TP ranks load their shards in parallel.
+#: Weight load bandwidth per GPU (bytes/s): safetensors from local NVMe, TP ranks load shards in parallel.
 WEIGHT_LOAD_BYTES_PER_S_PER_GPU = Tagged(
     2.0 * GB, "B/s", Provenance.MODELED, "local NVMe ~2 GB/s per shard reader; no measured load times in data"
 )
@@ -170,7 +170,7 @@ def kv_capacity_tokens(
     Examples
     --------
     >>> round(kv_capacity_tokens("llama-3.1-70b", "H100", 4, "bf16"))
-    447998
+    448303
     """
     spec, prec = model_spec(model), check_precision(gpu, precision)
     kv = Precision(kv_precision) if kv_precision else prec

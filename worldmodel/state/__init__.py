@@ -3,5 +3,12 @@
 from worldmodel.state.migrations import CURRENT_VERSION, RAW_KINDS, migrate, schema_version
 from worldmodel.state.store import REPLICA_STATE_SQL, IngestResult, WorldState
 
-__all__ = ["CURRENT_VERSION", "RAW_KINDS", "REPLICA_STATE_SQL", "IngestResult", "WorldState", "migrate",
-           "schema_version"]
+__all__ = [
+    "CURRENT_VERSION",
+    "RAW_KINDS",
+    "REPLICA_STATE_SQL",
+    "IngestResult",
+    "WorldState",
+    "migrate",
+    "schema_version",
+]

@@ -39,7 +39,7 @@ FROM ev WHERE rn = 1
 
 @dataclass(frozen=True)
 class IngestResult:
-    """Outcome of one micro-batch: new rows and rows already present (duplicates), summed over kinds (count)."""
+    """One micro-batch's new rows and rows already present (duplicates), summed over kinds (count)."""
 
     inserted: int
     duplicates: int
@@ -118,13 +118,16 @@ class WorldState:
                 cols = [c for c in kind.names if c in frame.columns]
                 names = ", ".join(f'"{c}"' for c in cols)
                 defaults = dict(kind.key_defaults)
-                select = ", ".join(f'coalesce("{c}", {defaults[c]})' if c in defaults else f'"{c}"' for c in cols)
+                select = ", ".join(
+                    f'coalesce("{c}", {defaults[c]})' if c in defaults else f'"{c}"' for c in cols
+                )
                 con.register("_batch", frame.select(cols).to_arrow())
                 try:
                     (n,) = _rows(
                         con,
                         f'INSERT INTO "{kind.table}" ({names}, ingested_at) '
-                        f"SELECT {select}, coalesce($at::TIMESTAMPTZ, now()) FROM _batch ON CONFLICT DO NOTHING",
+                        f"SELECT {select}, coalesce($at::TIMESTAMPTZ, now()) FROM _batch "
+                        "ON CONFLICT DO NOTHING",
                         {"at": ingested_at},
                     )[0]
                 finally:
@@ -176,7 +179,7 @@ class WorldState:
         return out
 
     def aggregate_period(self, period_start: datetime, period_end: datetime) -> None:
-        """(Re)compute the per-period aggregates of [period_start, period_end) from records arrived by its end.
+        """(Re)compute the aggregates of [period_start, period_end) from records arrived by its end.
 
         Parameters
         ----------
@@ -187,29 +190,40 @@ class WorldState:
         try:
             _rows(self.con, "DELETE FROM period_class WHERE period_start = $s", {"s": period_start})
             _rows(self.con, "DELETE FROM period_power WHERE period_start = $s", {"s": period_start})
-            _rows(self.con, """
+            _rows(
+                self.con,
+                """
                 INSERT INTO period_class
                 WITH a AS (
                   SELECT request_class, count(*) AS arrivals, quantile_cont(input_tokens, 0.5) AS i50,
                          quantile_cont(input_tokens, 0.9) AS i90, quantile_cont(input_tokens, 0.99) AS i99
-                  FROM request_arrival WHERE event_at >= $s AND event_at < $e AND arrived_at <= $e GROUP BY 1),
+                  FROM request_arrival
+                  WHERE event_at >= $s AND event_at < $e AND arrived_at <= $e GROUP BY 1),
                 c AS (
                   SELECT request_class, count(*) AS completions, quantile_cont(output_tokens, 0.5) AS o50,
                          quantile_cont(output_tokens, 0.9) AS o90, count(*) FILTER (WHERE sla_met) AS met,
                          count(*) FILTER (WHERE NOT sla_met) AS viol,
-                         quantile_cont(ttft_s, 0.99) * 1e3 AS ttft99, quantile_cont(tpot_s, 0.99) * 1e3 AS tpot99
-                  FROM request_completion WHERE event_at >= $s AND event_at < $e AND arrived_at <= $e GROUP BY 1)
+                         quantile_cont(ttft_s, 0.99) * 1e3 AS ttft99,
+                         quantile_cont(tpot_s, 0.99) * 1e3 AS tpot99
+                  FROM request_completion
+                  WHERE event_at >= $s AND event_at < $e AND arrived_at <= $e GROUP BY 1)
                 SELECT $s, coalesce(a.request_class, c.request_class), coalesce(arrivals, 0), i50, i90, i99,
                        coalesce(completions, 0), o50, o90, coalesce(met, 0), coalesce(viol, 0), ttft99, tpot99
-                FROM a FULL OUTER JOIN c ON a.request_class = c.request_class""", p)
-            _rows(self.con, """
+                FROM a FULL OUTER JOIN c ON a.request_class = c.request_class""",
+                p,
+            )
+            _rows(
+                self.con,
+                """
                 INSERT INTO period_power
                 WITH g AS (
                   SELECT site, modelName AS gpu_type, hostname, gpu, avg(DCGM_FI_DEV_POWER_USAGE) AS w
                   FROM gpu_telemetry WHERE event_at >= $s AND event_at < $e AND arrived_at <= $e GROUP BY ALL)
                 SELECT $s, site, gpu_type, sum(w),
                        sum(w) * epoch($e::TIMESTAMPTZ - $s::TIMESTAMPTZ) / 3600.0
-                FROM g GROUP BY ALL""", p)
+                FROM g GROUP BY ALL""",
+                p,
+            )
             _rows(self.con, "COMMIT")
         except Exception:
             _rows(self.con, "ROLLBACK")
@@ -217,17 +231,31 @@ class WorldState:
 
     def record_forecast(self, made_at: datetime, forecast: DisturbanceForecast) -> None:
         """Store a forecast's points and intervals (arrivals per class, price) keyed by when it was made."""
-        items: list[tuple[str, Interval]] = [(f"arrivals_per_s:{d.request_class}", d.arrivals_per_s)
-                                             for d in forecast.demand]
+        items: list[tuple[str, Interval]] = [
+            (f"arrivals_per_s:{d.request_class}", d.arrivals_per_s) for d in forecast.demand
+        ]
         items.append(("price_usd_mwh", forecast.price_usd_mwh))
-        rows = [(made_at, forecast.period_start, target, iv.point, iv.lo80, iv.hi80, iv.lo95, iv.hi95,
-                 forecast.confidence) for target, iv in items]
+        rows = [
+            (
+                made_at,
+                forecast.period_start,
+                target,
+                iv.point,
+                iv.lo80,
+                iv.hi80,
+                iv.lo95,
+                iv.hi95,
+                forecast.confidence,
+            )
+            for target, iv in items
+        ]
         _rows(self.con, "BEGIN TRANSACTION")
-        self.con.executemany("INSERT OR REPLACE INTO forecasts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        for row in rows:
+            _rows(self.con, "INSERT OR REPLACE INTO forecasts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
         _rows(self.con, "COMMIT")
 
     def replace_rows(self, table: str, rows: pl.DataFrame, key_filter: str | None = None) -> None:
-        """Upsert rows into a derived table (calibration state, residuals) by its primary key, in one transaction.
+        """Upsert rows into a derived table (calibration state, residuals) by primary key, in one transaction.
 
         Parameters
         ----------
@@ -252,4 +280,3 @@ class WorldState:
         except Exception:
             _rows(self.con, "ROLLBACK")
             raise
-

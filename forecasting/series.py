@@ -1,0 +1,133 @@
+"""From observation records to the per-period series the forecasters learn.
+
+Every value gets an event time (the period it describes) and an arrival time (when it became known):
+- arrivals per class: requests whose event_at falls in the period; known at the period's close;
+- input tokens p50/p90 per class: from arrival records (prompt sizes are known at arrival);
+- output tokens p50/p90 per class: from completion records, by completion period: an output length exists
+  only once its request completed, so it enters at its completion time (known at that period's close);
+- prefix reuse per class: share of an arrival's prefix blocks already seen in the previous `reuse_periods`
+  periods (policy-independent; 0-1);
+- history (DESIGN.md "History"): per-minute arrivals and per-period size quantiles, all known at their
+  period's end.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+
+import numpy as np
+import polars as pl
+
+from forecasting.store import as_us_array, to_us
+
+CLASSES = ("code", "chat", "batch")
+
+
+def period_counts(per_minute: pl.DataFrame, requests: pl.DataFrame | None, window_start: datetime,
+                  period_s: float = 300.0) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per-class request counts per period from history (minute_at, request_class, requests) and, optionally,
+    a replay's requests (arrival_s since `window_start`, request_class).
+
+    Returns class -> (counts, event_us, arrived_us) with arrived = period end; empty periods count 0.
+    """
+    p_us = int(round(period_s * 1e6))
+    w0 = to_us(window_start)
+    parts = [(as_us_array(per_minute["minute_at"]), per_minute["request_class"].to_numpy(),
+              per_minute["requests"].to_numpy().astype(float))]
+    if requests is not None and len(requests):
+        at = w0 + (requests["arrival_s"].to_numpy() * 1e6).astype(np.int64)
+        parts.append((at, requests["request_class"].to_numpy(), np.ones(len(requests))))
+    t = np.concatenate([p[0] for p in parts]) // p_us
+    cls = np.concatenate([p[1] for p in parts]).astype(str)
+    n = np.concatenate([p[2] for p in parts])
+    lo, hi = int(t.min()), int(t.max())
+    grid = np.arange(lo, hi + 1)
+    out = {}
+    for c in CLASSES:
+        m = cls == c
+        counts = np.bincount(t[m] - lo, weights=n[m], minlength=len(grid))
+        out[c] = (counts, grid * p_us, (grid + 1) * p_us)
+    return out
+
+
+class PeriodAggregator:
+    """Buckets arrival and completion records by period and emits each period's values once it has closed.
+
+    Parameters
+    ----------
+    period_s : control period (s).
+    reuse_periods : how far back (periods) a prefix block counts as seen for the reuse rate.
+    """
+
+    def __init__(self, period_s: float = 300.0, reuse_periods: int = 12) -> None:
+        self.period_us = int(round(period_s * 1e6))
+        self.reuse_periods = reuse_periods
+        self._counts: dict[tuple[int, str], int] = defaultdict(int)
+        self._inputs: dict[tuple[int, str], list[np.ndarray]] = defaultdict(list)
+        self._outputs: dict[tuple[int, str], list[np.ndarray]] = defaultdict(list)
+        self._reuse: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self._seen: dict[int, int] = {}
+        self._open: set[int] = set()
+        self._closed_until: int | None = None
+
+    def _by_period(self, df: pl.DataFrame, col: str) -> pl.DataFrame:
+        per = (pl.col("event_at").dt.epoch("us") // self.period_us).alias("period")
+        return df.with_columns(per).group_by(["period", "request_class"]).agg(pl.len().alias("n"), pl.col(col))
+
+    def add_arrivals(self, df: pl.DataFrame) -> None:
+        """Arrival records (event_at, request_class, input_tokens, prefix_block_ids)."""
+        if not len(df):
+            return
+        for period, c, n, tok in self._by_period(df, "input_tokens").iter_rows():
+            self._counts[(period, c)] += n
+            self._inputs[(period, c)].append(np.asarray(tok, dtype=float))
+            self._open.add(period)
+        if "prefix_block_ids" not in df.columns:
+            return
+        per = (df["event_at"].dt.epoch("us") // self.period_us).to_numpy()
+        for i in np.argsort(per, kind="stable"):
+            ids, period = df["prefix_block_ids"][int(i)] or [], int(per[i])
+            key = (period, str(df["request_class"][int(i)]))
+            self._reuse[key][0] += sum(1 for b in ids if period - self._seen.get(b, -(10**12)) <= self.reuse_periods)
+            self._reuse[key][1] += len(ids)
+            for b in ids:
+                self._seen[b] = max(period, self._seen.get(b, period))
+
+    def add_completions(self, df: pl.DataFrame) -> None:
+        """Completion records (event_at = completion, request_class, output_tokens)."""
+        if not len(df):
+            return
+        for period, c, _, tok in self._by_period(df, "output_tokens").iter_rows():
+            self._outputs[(period, c)].append(np.asarray(tok, dtype=float))
+            self._open.add(period)
+
+    def close(self, as_of_us: int) -> list[tuple[str, float, int, int]]:
+        """Values of every period that ended by `as_of_us` and got records: (series, y, event_us, arrived_us).
+
+        Arrival counts are emitted for every ended period (0 when none arrived); a period that gets late
+        records after it was emitted is emitted again (the later arrival wins).
+        """
+        out = []
+        ended = as_of_us // self.period_us
+        start = self._closed_until if self._closed_until is not None else min(self._open, default=ended)
+        todo = {x for x in self._open if x < ended} | set(range(start, ended))
+        self._closed_until = max(ended, start)
+        for period in sorted(todo):
+            ev = period * self.period_us
+            for c in CLASSES:
+                key = (period, c)
+                out.append((f"arrivals/{c}", float(self._counts.get(key, 0)), ev, as_of_us))
+                if key in self._inputs:
+                    tok = np.concatenate(self._inputs[key])
+                    out.append((f"input_p50/{c}", float(np.quantile(tok, 0.5)), ev, as_of_us))
+                    out.append((f"input_p90/{c}", float(np.quantile(tok, 0.9)), ev, as_of_us))
+                    hit, tot = self._reuse[key]
+                    if tot:
+                        out.append((f"prefix_reuse/{c}", hit / tot, ev, as_of_us))
+                if key in self._outputs:
+                    tok = np.concatenate(self._outputs[key])
+                    out.append((f"output_p50/{c}", float(np.quantile(tok, 0.5)), ev, as_of_us))
+                    out.append((f"output_p90/{c}", float(np.quantile(tok, 0.9)), ev, as_of_us))
+            self._open.discard(period)
+        return out

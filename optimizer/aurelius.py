@@ -1,0 +1,261 @@
+"""The Aurelius policy: observe -> forecast -> simulate -> decide, once per control period.
+
+Each period: update the forecasters and the world model with the delivered observations, forecast the
+next periods, generate physics-guided coupled candidates, run the bounded search (forward model + hard
+gates + risk-adjusted gp/$), apply the Pareto gate against the reference policy's plan for the same period
+and the confidence fallback, return the chosen plan and keep an audit record; then, outside the decision's
+latency, score the independent audit grid and record the regret.
+
+Everything it depends on is injected: a `ForecastProvider` (the forecasters, or an oracle fed the realized
+future), a `WorldModelPort` (state + forward model: `evaluator(as_of, forecast)` returns
+`plan -> PredictedOutcome`) and the reference policy (by registry name, or an instance).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Protocol
+
+from optimizer.audit_grid import audit_grid, grid_size, run_audit
+from optimizer.candidates import GenerationInputs, generate
+from optimizer.decision_record import build_record
+from optimizer.deferral_lp import plan_deferral, risk_adjusted_price
+from optimizer.fallback import Decision, Scored, confidence_fallback, decide
+from optimizer.gates import GateConfig, GateContext, hard_gates
+from optimizer.levers import LeverSpace, lever_space, plan_key
+from optimizer.objective import Objective
+from optimizer.observed import ObservedState
+from optimizer.plan import Plan
+from optimizer.policy import History, Observations, Policy, PolicyContext, create, register
+from optimizer.search import LEVER_STAGES, SearchConfig, SearchResult, search
+from worldmodel.forecast_types import DisturbanceForecast, PredictedOutcome
+from worldmodel.provenance import Provenance, Tagged
+from worldmodel.servingmodel import ServingModel
+
+MODES = ("full", "clock-only", "fixed-grid", "no-deferral")
+
+
+class ForecastProvider(Protocol):
+    """Forecasts the disturbances of the coming periods using only what was delivered by `as_of`."""
+
+    def start(self, ctx: PolicyContext, history: History) -> None: ...
+
+    def update(self, obs: Observations) -> None: ...
+
+    def forecast(self, as_of: datetime, periods: int) -> tuple[DisturbanceForecast, ...]: ...
+
+
+class WorldModelPort(Protocol):
+    """The world model as the optimizer uses it: state updates and a read-only evaluator per decision."""
+
+    def start(self, ctx: PolicyContext, history: History) -> None: ...
+
+    def update(self, obs: Observations) -> None: ...
+
+    def evaluator(self, as_of: datetime, forecast: DisturbanceForecast) -> Callable[[Plan], PredictedOutcome]:
+        ...
+
+    def serving(self) -> ServingModel: ...
+
+
+@register("aurelius")
+class AureliusPolicy(Policy):
+    """The optimizer behind the shared policy interface. Constructor args are the config.
+
+    Parameters
+    ----------
+    mode : "full", "clock-only" (reference plan with the clock varied), "fixed-grid" (generated bundles,
+        no adaptive expansion) or "no-deferral" (the reference's batch admission, no deferral LP).
+    oracle : True for the oracle arm; `forecast_provider` must then return the realized future.
+    reference : registry name of the reference policy (the strongest per market, e.g. "production-tuned").
+    audit : score the >= 500-plan regret grid after each decision.
+    confidence_threshold : forecast confidence (0-1) below which the reference plan is recommended.
+    seed : recorded with each decision; the decision itself is deterministic.
+    risk_aversion : rho of the objective (0-1), also the price risk weight of the deferral LP.
+    horizon_periods : periods forecast for the deferral LP (count).
+    forecast_provider, world_model, reference_policy : injected components (see module docstring).
+    gate_config, search_config : gate and search settings.
+    name : the arm's name in results and audit records.
+    """
+
+    name = "aurelius"
+
+    def __init__(self, mode: str = "full", oracle: bool = False, reference: str = "production",
+                 audit: bool = True, confidence_threshold: float = 0.5, seed: int = 0,
+                 risk_aversion: float = 0.5, horizon_periods: int = 12,
+                 forecast_provider: ForecastProvider | None = None, world_model: WorldModelPort | None = None,
+                 reference_policy: Policy | None = None, gate_config: GateConfig | None = None,
+                 search_config: SearchConfig | None = None, name: str | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} not in {MODES}")
+        self.mode = mode
+        self.oracle = oracle
+        self.reference = reference
+        self.audit = audit
+        self.confidence_threshold = confidence_threshold
+        self.seed = seed
+        self.risk_aversion = risk_aversion
+        self.horizon_periods = horizon_periods
+        self.forecast_provider = forecast_provider
+        self.world_model = world_model
+        self.reference_policy = reference_policy
+        self.gate_config = gate_config or GateConfig()
+        self.search_config = search_config or _search_config(mode)
+        self.name = name or ("oracle" if oracle else "aurelius" if mode == "full" else f"aurelius-{mode}")
+        self._ctx: PolicyContext | None = None
+        self._observed = ObservedState()
+        self._previous: Plan | None = None
+        self._record: dict[str, Any] | None = None
+
+    def start(self, ctx: PolicyContext, history: History) -> Plan:
+        if self.forecast_provider is None or self.world_model is None:
+            raise ValueError(f"{self.name}: inject forecast_provider and world_model (optimizer.aurelius)")
+        self._ctx = ctx
+        self._observed = ObservedState()
+        self._observed.add_prices(history.prices)
+        ref = self.reference_policy or create(self.reference)
+        self.reference_policy = ref
+        ref_plan = ref.start(ctx, history)
+        self.forecast_provider.start(ctx, history)
+        self.world_model.start(ctx, history)
+        self._previous = ref_plan
+        return self._decide(ctx.window_start, 0, ref_plan, time.perf_counter())
+
+    def plan(self, obs: Observations) -> Plan:
+        t0 = time.perf_counter()
+        assert self._ctx is not None and self.reference_policy is not None, "start() first"
+        self._observed.add_prices(obs.prices)
+        self._observed.add_arrivals(obs.arrivals)
+        assert self.forecast_provider is not None and self.world_model is not None
+        self.forecast_provider.update(obs)
+        self.world_model.update(obs)
+        ref_plan = self.reference_policy.plan(obs)
+        return self._decide(obs.as_of, obs.period_index, ref_plan, t0)
+
+    def last_decision(self) -> dict[str, Any] | None:
+        return self._record
+
+    def _decide(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float) -> Plan:
+        assert self._ctx is not None and self.forecast_provider is not None and self.world_model is not None
+        forecasts = self.forecast_provider.forecast(as_of, self.horizon_periods)
+        serving = self.world_model.serving()
+        evaluate = self.world_model.evaluator(as_of, forecasts[0])
+        objective = Objective(self.risk_aversion, _future_price_ratio(forecasts, self.risk_aversion))
+        tenants = self._observed.tenants()
+        space = self._space(ref_plan, tenants)
+        gctx = GateContext(self._ctx.fleet, forecasts[0], self._previous, tenants, serving)
+        memo: dict[tuple[object, ...], Scored] = {}
+
+        def score(plan: Plan) -> Scored:
+            k = plan_key(plan)
+            if k not in memo:
+                out = evaluate(plan)
+                memo[k] = Scored(plan, out, objective.score(out),
+                                 hard_gates(plan, out, gctx, self.gate_config))
+            return memo[k]
+
+        reference = replace(score(ref_plan), plan=ref_plan)
+        n_grid = grid_size(ref_plan, space)
+        result: SearchResult | None = None
+        why = confidence_fallback(forecasts[0].confidence, self.confidence_threshold)
+        if why is not None:
+            decision = Decision(ref_plan, reference.outcome, True, why, reference.gates)
+        else:
+            result = search(self._candidates(as_of, forecasts, ref_plan, space, serving), score, space,
+                            self.search_config, n_grid)
+            decision = decide(result.ranked, reference, objective, self.gate_config.pareto_tolerance_pp)
+        decision_ms = (time.perf_counter() - t0) * 1e3
+        audit = None
+        if self.audit:
+            chosen_score = score(decision.plan).score
+            audit = run_audit(audit_grid(ref_plan, space), score, chosen_score)
+        self._record = build_record(
+            policy=self.name, markets=self._ctx.markets, period_index=period_index, as_of=as_of,
+            inputs=self._inputs(forecasts[0]), forecasts=forecasts, decision=decision, search=result,
+            reference=reference, audit=audit, decision_ms=decision_ms,
+            extra={"mode": self.mode, "oracle": self.oracle, "reference_policy": self.reference,
+                   "seed": self.seed, "audit_grid_size": n_grid,
+                   "future_price_ratio": objective.future_price_ratio},
+        )
+        self._previous = decision.plan
+        return decision.plan
+
+    def _space(self, ref_plan: Plan, tenants: dict[str, Any]) -> LeverSpace:
+        assert self._ctx is not None
+        by_model: dict[str, list[str]] = {}
+        for t, ten in tenants.items():
+            for m in ten.models:
+                by_model.setdefault(m, []).append(t)
+        space = lever_space(self._ctx.fleet, ref_plan.pools, self.gate_config.precision_policy,
+                            {m: tuple(ts) for m, ts in by_model.items()})
+        if self.mode in ("no-deferral", "clock-only"):
+            space = replace(space, admissions=(ref_plan.batch_admission,))
+        return space
+
+    def _candidates(self, as_of: datetime, forecasts: tuple[DisturbanceForecast, ...], ref_plan: Plan,
+                    space: LeverSpace, serving: ServingModel) -> list[Plan]:
+        assert self._ctx is not None and self._previous is not None
+        schedule = None
+        if self.mode in ("full", "fixed-grid"):
+            schedule = plan_deferral(forecasts, self._previous, serving, self._observed.slack_quantiles(),
+                                     risk_aversion=self.risk_aversion)
+        inp = GenerationInputs(
+            fleet=self._ctx.fleet, space=space, reference=ref_plan, previous=self._previous,
+            forecasts=forecasts, price_history_usd_mwh=self._observed.price_history(as_of),
+            tpot_slo_s=self._observed.tpot_slo_s, admission=schedule.admission() if schedule else None,
+            swap_budget=self.gate_config.swap_budget, risk_aversion=self.risk_aversion,
+            deferrable_release_rps=schedule.release[0] / forecasts[0].period_s if schedule else None,
+            serving=serving,
+        )
+        return generate(inp, self.mode)
+
+    def _inputs(self, f: DisturbanceForecast) -> dict[str, dict[str, object]]:
+        m = Provenance.MODELED
+        tagged = {
+            "confidence_threshold": Tagged(self.confidence_threshold, "ratio", m, "policy config"),
+            "risk_aversion": Tagged(self.risk_aversion, "ratio", m, "policy config"),
+            "swap_budget": Tagged(self.gate_config.swap_budget, "replicas/period", m, "gate config"),
+            "forecast_confidence": Tagged(f.confidence, "ratio", m, "forecasting"),
+            "deferred_backlog": Tagged(f.deferred_backlog_requests, "requests", Provenance.MEASURED,
+                                       "observed arrivals - completions"),
+        }
+        out: dict[str, dict[str, object]] = {k: v.as_dict() for k, v in tagged.items()}
+        known = {p.value for p in Provenance}
+        for name, tag in f.provenance.items():
+            out[f"forecast.{name}"] = {"provenance": tag if tag in known else m.value, "source": tag}
+        return out
+
+
+def _future_price_ratio(forecasts: tuple[DisturbanceForecast, ...], risk_aversion: float) -> float:
+    """Mean risk-adjusted price over the periods after this one / this period's (ratio, at least 0.05)."""
+    now = risk_adjusted_price(forecasts[0].price_usd_mwh, risk_aversion)
+    later = [risk_adjusted_price(f.price_usd_mwh, risk_aversion) for f in forecasts[1:]]
+    if not later or now <= 0:
+        return 1.0
+    return max(sum(later) / len(later) / now, 0.05)
+
+
+def _search_config(mode: str) -> SearchConfig:
+    if mode == "clock-only":
+        return SearchConfig(stages=(("clock",),))
+    if mode == "fixed-grid":
+        return SearchConfig(expand=False)
+    if mode == "no-deferral":
+        return SearchConfig(stages=(LEVER_STAGES[0], ("capacity",), *LEVER_STAGES[2:]))
+    return SearchConfig()
+
+
+def _arm(arm: str, **fixed: Any) -> None:
+    def factory(**kwargs: Any) -> AureliusPolicy:
+        return AureliusPolicy(name=arm, **fixed, **kwargs)
+
+    register(arm)(factory)
+
+
+_arm("aurelius-clock-only", mode="clock-only")
+_arm("aurelius-fixed-grid", mode="fixed-grid")
+_arm("aurelius-no-deferral", mode="no-deferral")
+_arm("oracle", oracle=True)

@@ -1,0 +1,60 @@
+"""The hook for issue 7 item 8: the worker's decisions made in-process from an observation directory.
+
+`replay_decisions` feeds a replay's `--emit-observations` directory through the same `Pipeline` and
+`Worker` the faust app drives (validation, clock, ledger, world model, decider), with an in-memory
+state and no broker, and returns the audit records in order. The equivalence test compares them
+with (a) the records the Kafka worker publishes for the same directory and (b) the embedded replay's
+decisions for the same data and seed, once the replay simulator exposes its per-period audit records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sinks.memory import MemorySink
+from streams.app import Worker
+from streams.decide import Decider
+from streams.ingest import DuckDBIngestor
+from streams.pipeline import Inbound, Outbound, Pipeline
+from streams.publish import load_directory, ordered
+from streams.topics import Topics
+
+
+def replay_decisions(directory: str | Path, decider_factory: Callable[[datetime], Decider], period_s: float,
+                     allowed_lateness_s: float, origin: datetime | None = None,
+                     batch_records: int = 5000) -> list[dict[str, Any]]:
+    """Audit records of every decision the worker makes over `directory`, in period order.
+
+    Parameters
+    ----------
+    directory : `OUT/observations/<kind>.parquet` (or `.jsonl`) as `aurelius publish --from-dir` reads.
+    decider_factory : builds the decider from period 0's start (e.g. `streams.worker_cli.policy_decider`).
+    period_s, allowed_lateness_s : the worker's clock (s).
+    origin : start of period 0 (UTC); None: the first record's period.
+    batch_records : micro-batch size (records); the decisions do not depend on it.
+    """
+    topics = Topics(prefix="embedded.")
+    ingestor = DuckDBIngestor.open(":memory:")
+    pipeline = Pipeline(topics, ingestor.load_state(), period_s, allowed_lateness_s, origin)
+    sink = MemorySink()
+
+    async def send(o: Outbound) -> None:
+        return None
+
+    worker = Worker(pipeline, ingestor, decider_factory, sink, send)
+    inbound = [Inbound(topics.for_kind(kind).name, 0, i, json.dumps(rec).encode())
+               for i, (_, _, kind, rec) in enumerate(ordered(load_directory(directory)))]
+
+    async def run() -> None:
+        await worker.decide(pipeline.due_decisions())
+        for i in range(0, len(inbound), batch_records):
+            await worker.handle(inbound[i:i + batch_records])
+
+    asyncio.run(run())
+    ingestor.close()
+    return list(sink)

@@ -1,0 +1,217 @@
+"""Forward model: read-only evaluation, known numbers, and the directions every lever must move."""
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import polars as pl
+import pytest
+
+from optimizer.plan import BatchAdmission, Plan, PoolPlan
+from worldmodel.cost import CostConfig
+from worldmodel.forecast_types import ClassDemand, DisturbanceForecast, Interval
+from worldmodel.forward import ForwardModel
+from worldmodel.servingmodel import ServingModel
+from worldmodel.snapshot import snapshot
+from worldmodel.state import WorldState
+from worldmodel.state import synthetic as syn
+
+T0 = datetime(2023, 7, 1, tzinfo=UTC)
+SITE = "PJM-1"
+
+
+def _iv(x, w=0.2):
+    return Interval(x, x * (1 - w), x * (1 + w), x * (1 - 2 * w), x * (1 + 2 * w))
+
+
+def _forecast(scale=1.0, backlog=0, deadlines=()):
+    return DisturbanceForecast(
+        T0,
+        300.0,
+        (
+            ClassDemand("code", "llama-3.1-8b", _iv(10 * scale), 2000, 30, 5000, 100, 0.3),
+            ClassDemand("chat", "llama-3.1-70b", _iv(20 * scale), 1000, 250, 2500, 600, 0.2),
+            ClassDemand("batch", "llama-3.1-70b", _iv(3 * scale), 7000, 300, 15000, 700, 0.5),
+        ),
+        _iv(50.0),
+        False,
+        0.8,
+        deferred_backlog_requests=backlog,
+        deferred_deadlines_s=deadlines,
+    )
+
+
+def _plan(n70=4, n8=4, precision="bf16", clock=1980, max_batch=256, autoscale=True, **kw):
+    return Plan(
+        (
+            PoolPlan(SITE, "llama-3.1-70b", "H100", n70, n70 * 4, 4, precision, max_batch, clock),
+            PoolPlan(SITE, "llama-3.1-8b", "H100", n8, n8 * 4, 1, precision, max_batch, clock),
+        ),
+        autoscale=autoscale,
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def world():
+    ws = WorldState.open(":memory:")
+    fleet = pl.concat(
+        [
+            syn.fleet_events(T0 - timedelta(minutes=10), 4),
+            syn.fleet_events(T0 - timedelta(minutes=10), 4, model="llama-3.1-8b", tp=1).with_columns(
+                pl.col("replica_id") + "-8b"
+            ),
+        ]
+    )
+    arr = syn.arrivals(T0, 500, rate_per_s=10.0)
+    ws.ingest(
+        {
+            "fleet_event": fleet,
+            "gpu_telemetry": syn.telemetry(T0, 64 * 60, hosts=8),
+            "request_arrival": arr,
+            "request_completion": syn.completions(arr.head(400)),
+        }
+    )
+    return ws, snapshot(ws, T0 + timedelta(seconds=60))
+
+
+@pytest.fixture(scope="module")
+def fm():
+    return ForwardModel(ServingModel(), CostConfig())
+
+
+def test_evaluating_never_mutates_state(world, fm):
+    ws, _ = world
+    before = ws.digest()
+    snap = snapshot(ws, T0 + timedelta(seconds=60))
+    for i in range(100):
+        fm.evaluate(
+            snap,
+            _plan(
+                n70=1 + i % 6,
+                n8=1 + i % 5,
+                precision=("bf16", "fp8")[i % 2],
+                clock=1200 + 7 * i,
+                max_batch=16 + 8 * i,
+                autoscale=bool(i % 3),
+            ),
+            _forecast(0.5 + i / 50),
+        )
+    assert ws.digest() == before
+
+
+def test_static_plan_known_gpu_hours_and_cost(world, fm):
+    _, snap = world
+    out = fm.evaluate(snap, _plan(autoscale=False), _forecast())
+    gpu_h = (4 * 4 + 4 * 1) * 300 / 3600  # 20 GPUs for one 5-min period
+    assert out.gpu_hours == pytest.approx(gpu_h)
+    assert out.cost_usd == pytest.approx(gpu_h * 2.50 + out.energy_cost_usd)
+    assert out.cost_usd_owned == pytest.approx(64 * 300 / 3600 * 30000 / 35040 + out.energy_cost_usd)
+    assert out.energy_cost_usd == pytest.approx(out.energy_kwh * 50.0 / 1000)
+    assert out.reloads == 0 and out.gp_per_dollar == pytest.approx(out.sla_met / out.cost_usd)
+    assert out.gp_per_dollar_lo <= out.gp_per_dollar
+    for c in out.classes:
+        assert c.violation_rate <= c.violation_rate_hi
+
+
+def test_more_demand_more_violations(world, fm):
+    _, snap = world
+    rates = [
+        fm.evaluate(snap, _plan(autoscale=False), _forecast(s)).classes[1].violation_rate
+        for s in (0.5, 1.0, 1.5, 2.0, 3.0)
+    ]
+    assert rates == sorted(rates) and rates[-1] > 0.5 > rates[0]
+
+
+def test_more_capacity_fewer_violations_more_gpu_hours(world, fm):
+    _, snap = world
+    small = fm.evaluate(snap, _plan(n70=2, autoscale=False), _forecast(1.5))
+    big = fm.evaluate(snap, _plan(n70=8, autoscale=False), _forecast(1.5))
+    assert big.classes[1].violation_rate < small.classes[1].violation_rate
+    assert big.gpu_hours > small.gpu_hours
+
+
+def test_fp8_is_faster_and_reloads(world, fm):
+    _, snap = world
+    bf16 = fm.evaluate(snap, _plan(), _forecast())
+    fp8 = fm.evaluate(snap, _plan(precision="fp8"), _forecast())
+    assert fp8.classes[1].tpot_p99_ms < bf16.classes[1].tpot_p99_ms
+    assert fp8.reloads == 8 and bf16.reloads == 0
+
+
+def test_lower_clock_saves_power_slows_prefill(world, fm):
+    _, snap = world
+    fast = fm.evaluate(snap, _plan(autoscale=False), _forecast())
+    slow = fm.evaluate(snap, _plan(clock=1200, autoscale=False), _forecast())
+    assert slow.peak_power_w < fast.peak_power_w
+    assert slow.classes[0].ttft_p99_ms > fast.classes[0].ttft_p99_ms
+
+
+def test_small_batch_cap_saturates(world, fm):
+    _, snap = world
+    out = fm.evaluate(snap, _plan(max_batch=8, autoscale=False), _forecast())
+    assert out.classes[1].violation_rate > 0.5
+    assert out.classes[1].served < out.classes[1].offered
+
+
+def test_deferral_holds_batch_work(world, fm):
+    _, snap = world
+    fc = _forecast(backlog=100, deadlines=tuple(float(x) for x in range(1000, 11000, 100)))
+    hold = fm.evaluate(snap, _plan(batch_admission=BatchAdmission.HOLD), fc)
+    now = fm.evaluate(snap, _plan(batch_admission=BatchAdmission.IMMEDIATE), fc)
+    assert hold.deferred_carryover > now.deferred_carryover == 0.0
+    assert hold.classes[2].served < now.classes[2].served
+
+
+def test_risk_band_widens_upper_violation(world, fm):
+    _, snap = world
+    wide = replace(snap, risk_band=2.0)
+    a = fm.evaluate(snap, _plan(autoscale=False), _forecast(1.3))
+    b = fm.evaluate(wide, _plan(autoscale=False), _forecast(1.3))
+    assert b.classes[1].violation_rate_hi >= a.classes[1].violation_rate_hi
+    assert b.classes[1].violation_rate == a.classes[1].violation_rate
+
+
+def test_validate_plumbing_with_a_fake_realizer(tmp_path):
+    import argparse
+    import json
+
+    from optimizer.policy import Observations
+    from worldmodel.validate_cli import RealizedClass, RealizedPeriod, run
+
+    fleet = syn.fleet_events(T0 - timedelta(minutes=10), 4)
+    calls = []
+
+    def realize(market, plan, args):
+        calls.append(plan.label if plan else None)
+        used = plan or _plan()
+        for k in range(2):
+            start = T0 + timedelta(minutes=5 * k)
+            arr = syn.arrivals(start, 600, rate_per_s=2.0, seed=k).with_columns(
+                pl.col("request_id") + f"-{k}"
+            )
+            obs = Observations(
+                start + timedelta(minutes=5),
+                k,
+                arr,
+                syn.completions(arr.head(500)),
+                syn.telemetry(start, 64 * 30, hosts=8),
+                fleet if k == 0 else fleet.head(0),
+                syn.prices(start, 1),
+            )
+            yield RealizedPeriod(k, used, obs, 1.5, 5.0, {"chat": RealizedClass(600, 0.02, 900.0, 60.0)})
+
+    args = argparse.Namespace(markets="PJM", period_minutes=5.0, out=str(tmp_path))
+    assert run(args, realize) == 0
+    out = json.loads((tmp_path / "validation.json").read_text())
+    imposed = out["markets"]["PJM"]["imposed"]
+    assert set(imposed) == {
+        "capacity_half_static",
+        "capacity_1.5x_static",
+        "fp8",
+        "clock_min",
+        "batch_cap_32",
+    }
+    assert calls[0] is None and len(calls) == 6
+    row = imposed["fp8"]["periods"][1]
+    assert row["energy_kwh"]["realized"] == 1.5 and row["energy_kwh"]["rel_error"] is not None
+    assert row["classes"]["chat"]["violation_rate"]["error_kind"] == "relative"

@@ -1,0 +1,123 @@
+"""World-model DuckDB state: idempotent ingestion, positions, migrations, snapshot as of an instant."""
+
+from datetime import UTC, datetime, timedelta
+
+import duckdb
+import polars as pl
+import pytest
+
+from worldmodel.snapshot import snapshot
+from worldmodel.state import CURRENT_VERSION, WorldState, migrate, schema_version
+from worldmodel.state import synthetic as syn
+
+T0 = datetime(2023, 7, 1, tzinfo=UTC)
+
+
+def _batch():
+    arr = syn.arrivals(T0, 200, rate_per_s=10.0)
+    return {
+        "request_arrival": arr,
+        "request_completion": syn.completions(arr.head(120)),
+        "gpu_telemetry": syn.telemetry(T0, 8 * 8 * 10, hosts=8),
+        "price": syn.prices(T0, 3),
+        "fleet_event": syn.fleet_events(T0 - timedelta(minutes=5), 2),
+    }
+
+
+def test_ingest_is_idempotent_and_positions_never_go_back():
+    ws = WorldState.open(":memory:")
+    batch = _batch()
+    total = sum(f.height for f in batch.values())
+    first = ws.ingest(batch, {("aurelius.telemetry", 0): 640, ("aurelius.requests", 1): 200})
+    assert (first.inserted, first.duplicates) == (total, 0)
+    before = ws.digest()
+    # a replay of the same records plus an older position changes nothing
+    again = ws.ingest(batch, {("aurelius.telemetry", 0): 100})
+    assert (again.inserted, again.duplicates) == (0, total)
+    assert ws.digest() == before
+    assert ws.positions() == {("aurelius.telemetry", 0): 640, ("aurelius.requests", 1): 200}
+    # duplicates inside one batch are inserted once
+    dup = syn.arrivals(T0 + timedelta(hours=1), 5, request_class="code", seed=3)
+    dup = dup.with_columns(pl.col("request_id") + "-new")
+    res = ws.ingest({"request_arrival": pl.concat([dup, dup])}, {("aurelius.requests", 1): 205})
+    assert (res.inserted, res.duplicates) == (5, 5)
+    assert ws.positions()[("aurelius.requests", 1)] == 205
+
+
+def test_failed_batch_rolls_back_records_and_positions():
+    ws = WorldState.open(":memory:")
+    good = syn.arrivals(T0, 10)
+    bad = syn.telemetry(T0, 8).drop("hostname")  # key column missing
+    with pytest.raises(ValueError, match="lacks key columns"):
+        ws.ingest({"request_arrival": good, "gpu_telemetry": bad}, {("t", 0): 10})
+    assert ws.count("request_arrival") == 0
+    assert ws.positions() == {}
+
+
+def test_fleet_events_drive_replica_state():
+    ws = WorldState.open(":memory:")
+    started = syn.fleet_events(T0, 3, kind="replica_started")
+    ready = syn.fleet_events(T0 + timedelta(seconds=90), 2, kind="replica_ready")
+    ws.ingest({"fleet_event": pl.concat([started, ready])})
+    states = dict(ws.frame("SELECT replica_id, state FROM replicas").iter_rows())
+    assert states == {"r-000": "warm", "r-001": "warm", "r-002": "loading"}
+    fp8 = syn.fleet_events(T0 + timedelta(seconds=200), 1, kind="replica_reconfigured", precision="fp8")
+    ws.ingest({"fleet_event": fp8})
+    assert ws.frame("SELECT state FROM replicas WHERE replica_id = 'r-000'")["state"][0] == "loading"
+
+
+def test_migrating_a_v1_file_keeps_its_data(tmp_path):
+    path = tmp_path / "v1.duckdb"
+    con = duckdb.connect(str(path))
+    assert migrate(con, target=1) == 1
+    arr = syn.arrivals(T0, 7)
+    con.register("a", arr.to_arrow())
+    con.execute("INSERT INTO request_arrival BY NAME SELECT * FROM a").fetchall()
+    con.execute("INSERT INTO consumer_positions VALUES ('aurelius.requests', 0, 7)").fetchall()
+    con.close()
+    ws = WorldState.open(path)
+    assert ws.version == CURRENT_VERSION == 3
+    assert ws.count("request_arrival") == 7
+    assert ws.positions() == {("aurelius.requests", 0): 7}
+    assert "calibration_state" in ws.tables() and "replicas" in ws.tables()
+    ws.close()
+    # reopening is a no-op
+    ws = WorldState.open(path)
+    assert schema_version(ws.con) == CURRENT_VERSION
+    assert ws.frame("SELECT count(*) AS n FROM schema_version")["n"][0] == CURRENT_VERSION
+
+
+def test_snapshot_sees_only_what_arrived_by_as_of():
+    ws = WorldState.open(":memory:")
+    arr = syn.arrivals(T0, 100, rate_per_s=1.0)  # one request per second on average
+    comp = syn.completions(arr.head(30), ttft_s=0.2, tpot_s=0.01)
+    late = arr.tail(10).with_columns(pl.col("arrived_at").dt.offset_by("1h"))  # delivered an hour late
+    ws.ingest(
+        {
+            "request_arrival": pl.concat([arr.head(90), late]),
+            "request_completion": comp,
+            "fleet_event": syn.fleet_events(T0 - timedelta(minutes=1), 2),
+        }
+    )
+    as_of = T0 + timedelta(hours=2)
+    arrived = arr.head(90).filter(pl.col("event_at") <= as_of).height
+    done = comp.filter(pl.col("arrived_at") <= as_of).height
+    snap = snapshot(ws, as_of)
+    assert snap.queue("chat").outstanding == 100 - done
+    early = snapshot(ws, T0 + timedelta(minutes=30))
+    assert early.queue("chat").outstanding == arrived - done
+    assert snap.pool(("PJM-1", "llama-3.1-70b", "H100")).warm == 2
+    assert snap.prefix_hit_rate == {}  # no completion in the last 15 min
+    recent = snapshot(ws, T0 + timedelta(minutes=10))
+    assert recent.prefix_hit_rate["llama-3.1-70b"] == pytest.approx(0.25, abs=0.01)
+
+
+def test_aggregates_per_period():
+    ws = WorldState.open(":memory:")
+    ws.ingest(_batch())
+    ws.aggregate_period(T0, T0 + timedelta(minutes=5))
+    ws.aggregate_period(T0, T0 + timedelta(minutes=5))  # recomputing replaces, never duplicates
+    row = ws.frame("SELECT * FROM period_class WHERE request_class = 'chat'").row(0, named=True)
+    assert row["arrivals"] == 200 and row["completions"] > 0 and row["violations"] == 0
+    power = ws.frame("SELECT * FROM period_power")
+    assert power.height == 1 and power["power_mean_w"][0] > 0

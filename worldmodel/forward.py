@@ -1,0 +1,456 @@
+"""The planner's forward model: advance a frozen snapshot one control period under a candidate plan.
+
+A queueing approximation with batching, not a per-request simulation. Per pool (model x GPU type x site):
+
+1. replicas: the autoscaler's count ceil(lambda / (target x mu_r)) clamped to [floor, ceiling]
+   (the floor when autoscaling is off); scale-down waits out its 300 s stabilization (a whole period);
+   new replicas and precision reloads hold their GPUs for the load time while serving nothing;
+2. batch: Little's law, B = lambda_r x (T_prefill + n_out x TPOT(B)), solved by fixed point and capped by
+   max_batch and the KV capacity; TPOT = t_decode(B) / (1 - lambda_r x T_prefill) (chunked prefill steals
+   iteration time);
+3. TTFT: prefill as an M/G/c queue (c = replicas, service T_prefill / (1 - decode share)), waiting time by
+   the Allen-Cunneen approximation with Sakasegawa's P(wait); an exponential conditional-wait tail gives
+   P(TTFT > SLA) and p99; sustained overload and initial backlog by a fluid queue Q(t) = Q0 + (lambda - mu) t;
+4. TPOT tail: lognormal across nodes and requests, CV from self-calibration x the risk band;
+5. energy: GPU power from busy share, prefill share, batch and clock (ServingModel), idle GPUs of the site at
+   idle, x PUE; cost through worldmodel/cost.py at the forecast (or published) price.
+
+The spread comes from re-evaluating at the forecast's 80 % and 95 % demand bounds (and the price's upper
+bound when unpublished): violation_rate_hi is the 95 %-demand violation, gp_per_dollar_lo the worst scenario.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from optimizer.plan import BatchAdmission, Ordering, Plan, PoolPlan
+from streams.workload.protocol import PROTOCOL_V1, Protocol
+from worldmodel import cost
+from worldmodel.forecast_types import ClassDemand, ClassOutcome, DisturbanceForecast, PredictedOutcome
+from worldmodel.servingmodel import (
+    PoolConfig,
+    ServingModel,
+    clock_or_max,
+    lognormal_exceed,
+    lognormal_q99_ratio,
+    size_cv_from_p90,
+)
+from worldmodel.snapshot import FleetSnapshot
+
+_RHO_MAX = 0.98
+#: chunked-prefill token budget per iteration (vLLM max_num_batched_tokens; modeled)
+CHUNK_TOKENS = 4096
+_SCENARIOS = ("point", "lo80", "hi80", "hi95")
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """Static per-pool figures of one plan against one snapshot."""
+
+    plan: PoolPlan
+    cfg: PoolConfig
+    current: int  # warm + loading replicas now (count)
+    reloads: int  # replicas reloading for a precision change (count)
+    load_s: float
+    loading_left_s: tuple[float, ...]
+    chunk_s: float  # compute time of one full chunked-prefill budget (s)
+
+
+@dataclass
+class _Load:
+    """Demand offered to one model's pools: rates (req/s), mean sizes (tokens), size CV, backlog."""
+
+    lam_i: float
+    lam_b: float
+    n_in: float
+    n_out: float
+    size_cv: float
+    q0: float
+
+
+@dataclass
+class _PoolResult:
+    replicas: float
+    serving: float
+    mu: float
+    lam: float
+    tpot_s: float
+    t_pf: float
+    p_wait: float
+    theta: float
+    busy: float
+    batch: float
+    power_w: float
+    fluid: tuple[float, float]  # (initial backlog, net growth rate) of the fluid queue (req, req/s)
+
+
+class ForwardModel:
+    """Score a plan against a snapshot and a disturbance forecast for one control period.
+
+    Parameters
+    ----------
+    serving_model : the planner's roofline model (its corrections are replaced by the snapshot's).
+    cost_config : operator cost configuration (worldmodel/cost.py).
+    protocol : classes, models and SLAs (default protocol v1).
+    idle_power : count the site's unused GPUs at idle power in energy (True) or only the plan's GPUs.
+    """
+
+    def __init__(
+        self,
+        serving_model: ServingModel,
+        cost_config: cost.CostConfig,
+        protocol: Protocol = PROTOCOL_V1,
+        idle_power: bool = True,
+    ) -> None:
+        self.serving_model = serving_model
+        self.cost_config = cost_config
+        self.protocol = protocol
+        self.idle_power = idle_power
+
+    def evaluate(
+        self, snapshot: FleetSnapshot, plan: Plan, forecast: DisturbanceForecast
+    ) -> PredictedOutcome:
+        """Predict one period's outcome of `plan` from `snapshot` under `forecast` (pure: reads only).
+
+        Parameters
+        ----------
+        snapshot : frozen state at the period start.
+        plan : the candidate plan.
+        forecast : disturbances of the period (arrival rates with intervals, sizes, price).
+
+        Returns
+        -------
+        PredictedOutcome at the point forecast, with violation_rate_hi and gp_per_dollar_lo from the bounds.
+        """
+        sm = self.serving_model.with_corrections(snapshot.corrections)
+        period_s = forecast.period_s
+        pools = [self._static(sm, snapshot, p) for p in plan.pools]
+        results = {s: self._scenario(sm, snapshot, plan, forecast, pools, s) for s in _SCENARIOS}
+        point = results["point"]
+        hi = results["hi95"]
+        classes = tuple(
+            ClassOutcome(
+                c.request_class,
+                c.offered,
+                c.served,
+                c.violation_rate,
+                max(c.violation_rate, hi.by_class[c.request_class].violation_rate),
+                c.ttft_p99_ms,
+                c.tpot_p99_ms,
+            )
+            for c in point.classes
+        )
+        return PredictedOutcome(
+            classes=classes,
+            gpu_hours=point.gpu_hours,
+            energy_kwh=point.energy_kwh,
+            energy_cost_usd=point.energy_cost_usd,
+            cost_usd=point.cost_usd,
+            cost_usd_owned=point.cost_owned,
+            reloads=sum(p.reloads for p in pools) + point.cold_starts,
+            deferred_carryover=point.carryover,
+            peak_power_w=max(r.peak_power_w for r in results.values()),
+            sla_met=point.sla_met,
+            gp_per_dollar=point.sla_met / point.cost_usd,
+            gp_per_dollar_lo=min(r.sla_met / r.cost_usd for r in results.values()),
+            notes=(f"period_s={period_s:g}", f"risk_band={snapshot.risk_band:.2f}"),
+        )
+
+    def _static(self, sm: ServingModel, snap: FleetSnapshot, p: PoolPlan) -> _Pool:
+        cfg = PoolConfig(p.gpu, p.model, p.tp, p.precision, clock_or_max(p.gpu, p.sm_clock_mhz))
+        state = snap.pool(p.key)
+        load_s = sm.load_s(cfg)
+        chunk_s = sm.prefill_s(cfg, CHUNK_TOKENS)
+        if state is None:
+            return _Pool(p, cfg, 0, 0, load_s, (), chunk_s)
+        left = tuple(max(load_s - e, 0.0) for e in state.loading_elapsed_s)
+        reloads = state.warm + state.loading if state.precision != p.precision else 0
+        return _Pool(p, cfg, state.warm + state.loading, reloads, load_s, left, chunk_s)
+
+    def _scenario(
+        self,
+        sm: ServingModel,
+        snap: FleetSnapshot,
+        plan: Plan,
+        fc: DisturbanceForecast,
+        pools: list[_Pool],
+        scenario: str,
+    ) -> _Scenario:
+        T = fc.period_s
+        hi = scenario in ("hi80", "hi95")
+        cv = snap.corrections.step_cv
+        cvs = (cv, cv * snap.risk_band) if hi else (cv,)  # the band widens the spread, pessimistically
+        out = _Scenario()
+        by_model: dict[str, list[ClassDemand]] = {}
+        for d in fc.demand:
+            by_model.setdefault(d.model, []).append(d)
+        power_w = 0.0
+        gpus_used: dict[tuple[str, str], float] = {}
+        gpu_hours: dict[str, float] = {}
+        for model, demands in by_model.items():
+            mpools = [p for p in pools if p.plan.model == model]
+            load, batch_info = self._model_load(snap, plan, fc, demands, scenario, mpools, sm)
+            res = self._serve_model(sm, plan, mpools, load, T)
+            out.cold_starts += sum(
+                max(math.ceil(r.replicas) - p.current, 0) for p, r in zip(mpools, res, strict=True)
+            )
+            mu = sum(r.mu for r in res)
+            for d in demands:
+                self._class_outcome(out, d, _rate(d, scenario), load, res, mu, T, cvs, batch_info)
+            for p, r in zip(mpools, res, strict=True):
+                power_w += r.power_w
+                key = (p.plan.site, p.plan.gpu)
+                gpus_used[key] = gpus_used.get(key, 0.0) + r.replicas * p.plan.tp
+                gpu_hours[p.plan.gpu] = gpu_hours.get(p.plan.gpu, 0.0) + r.replicas * p.plan.tp * T / 3600.0
+        if self.idle_power:
+            for (site, gpu), n in snap.gpus.items():
+                idle = max(n - gpus_used.get((site, gpu), 0.0), 0.0)
+                power_w += idle * sm.gpu_power_w(gpu, clock_or_max(gpu, None), 0.0)
+        price = fc.price_usd_mwh.point
+        if scenario == "hi95" and not fc.price_published:
+            price = fc.price_usd_mwh.hi95
+        out.peak_power_w = power_w
+        out.gpu_hours = sum(gpu_hours.values())
+        out.energy_kwh = power_w * T / 3.6e6 * self.cost_config.pue.value
+        out.energy_cost_usd = cost.energy_cost_usd(power_w / 1e3, T / 3600.0, price, self.cost_config)
+        rented = cost.gpu_cost_rented_usd(gpu_hours, self.cost_config)
+        owned = cost.gpu_cost_owned_usd(_by_gpu(snap.gpus), T / 3600.0, self.cost_config)
+        out.cost_usd = max(rented + out.energy_cost_usd, 1e-9)
+        out.cost_owned = max(owned + out.energy_cost_usd, 1e-9)
+        return out
+
+    def _model_load(
+        self,
+        snap: FleetSnapshot,
+        plan: Plan,
+        fc: DisturbanceForecast,
+        demands: list[ClassDemand],
+        scenario: str,
+        pools: list[_Pool],
+        sm: ServingModel,
+    ) -> tuple[_Load, tuple[float, float, float]]:
+        """Offered load of one model and the batch work's (released, carried, missed) counts."""
+        T = fc.period_s
+        lam_i = lam_b = w_in = w_out = w_cv = 0.0
+        q0 = 0.0
+        batch_backlog = 0.0
+        deadlines: tuple[float, ...] = ()
+        for d in demands:
+            lam = _rate(d, scenario)
+            spec = self.protocol.spec(d.request_class)
+            n_in = d.input_tokens_mean * (1.0 - d.prefix_hit_rate)
+            w_in += lam * n_in
+            w_out += lam * d.output_tokens_mean
+            w_cv += lam * size_cv_from_p90(d.input_tokens_mean, d.input_tokens_p90)
+            queue = snap.queue(d.request_class)
+            if spec.deferrable:
+                lam_b += lam
+                batch_backlog = float(fc.deferred_backlog_requests or (queue.outstanding if queue else 0))
+                deadlines = fc.deferred_deadlines_s or (queue.deadlines_s if queue else ())
+            else:
+                lam_i += lam
+                running = sum(p.running * p.warm for p in snap.pools if p.model == d.model)
+                q0 += max((queue.outstanding if queue else 0) - running, 0.0)
+        lam_all = max(lam_i + lam_b, 1e-12)
+        load = _Load(lam_i, 0.0, w_in / lam_all, w_out / lam_all, w_cv / lam_all, q0)
+        if lam_b <= 0.0 and batch_backlog <= 0.0:
+            return load, (0.0, 0.0, 0.0)
+        waiting = lam_b * T + batch_backlog
+        urgent = _urgent_share(deadlines, T) * batch_backlog
+        mu_ceiling = sum(self._mu_replica(sm, p, load) * p.plan.replica_ceiling for p in pools)
+        spare = max(plan.autoscale_target * mu_ceiling - lam_i, 0.0) * T
+        if plan.batch_admission == BatchAdmission.IMMEDIATE:
+            released = waiting
+        elif plan.batch_admission == BatchAdmission.PRESSURE:
+            released = max(min(waiting, spare), urgent)
+        else:
+            released = urgent
+        servable = max(mu_ceiling - lam_i, 0.0) * T
+        missed = max(urgent - servable, 0.0) + sum(1.0 for x in deadlines if x < 0.0) * (
+            batch_backlog / max(len(deadlines), 1)
+        )
+        load.lam_b = released / T
+        return load, (released, waiting - released, missed)
+
+    def _mu_replica(self, sm: ServingModel, p: _Pool, load: _Load) -> float:
+        """Throughput of one replica at its full batch (req/s)."""
+        ctx = load.n_in + load.n_out / 2.0
+        b_cap = max(min(p.plan.max_batch, sm.kv_capacity_tokens(p.cfg) / max(ctx, 1.0)), 1.0)
+        t_pf = sm.prefill_s(p.cfg, load.n_in)
+        return 1.0 / (t_pf + load.n_out * sm.decode_step_s(p.cfg, b_cap, ctx) / b_cap)
+
+    def _serve_model(
+        self, sm: ServingModel, plan: Plan, pools: list[_Pool], load: _Load, T: float
+    ) -> list[_PoolResult]:
+        lam = load.lam_i + load.lam_b
+        mus = [self._mu_replica(sm, p, load) for p in pools]
+        weights = [
+            m * (p.plan.replica_ceiling if plan.autoscale else p.plan.replica_floor)
+            for m, p in zip(mus, pools, strict=True)
+        ]
+        total = sum(weights)
+        return [
+            self._serve_pool(
+                sm,
+                plan,
+                p,
+                mu_r,
+                lam * w / total if total > 0 else 0.0,
+                load,
+                load.q0 * w / total if total > 0 else 0.0,
+                T,
+            )
+            for p, mu_r, w in zip(pools, mus, weights, strict=True)
+        ]
+
+    def _serve_pool(
+        self,
+        sm: ServingModel,
+        plan: Plan,
+        p: _Pool,
+        mu_r: float,
+        lam: float,
+        load: _Load,
+        q0: float,
+        T: float,
+    ) -> _PoolResult:
+        pp = p.plan
+        if plan.autoscale:
+            need = math.ceil(lam / max(plan.autoscale_target * mu_r, 1e-12)) if lam > 0 else 0
+            n = min(max(need, p.current, pp.replica_floor), pp.replica_ceiling)
+        else:
+            n = pp.replica_floor
+        # replica-seconds not serving: new replicas loading, in-flight loads, precision reloads (rolling)
+        starting = max(n - p.current, 0)
+        lost = starting * min(p.load_s + 15.0, T) + sum(min(x, T) for x in p.loading_left_s)
+        lost += min(p.reloads, n) * min(p.load_s, T)
+        serving = max(n - lost / T, 0.0)
+        loading = n - serving
+        ctx = load.n_in + load.n_out / 2.0
+        t_pf = sm.prefill_s(p.cfg, load.n_in)
+        b_cap = max(min(pp.max_batch, sm.kv_capacity_tokens(p.cfg) / max(ctx, 1.0)), 1.0)
+        mu = serving * mu_r
+        lam_r = min(lam, _RHO_MAX * mu) / serving if serving > 0 else 0.0
+        rho_pf = min(lam_r * t_pf, _RHO_MAX)
+        b = 1.0
+        for _ in range(6):
+            t_dec = sm.decode_step_s(p.cfg, b, ctx)
+            b = min(max(lam_r * (t_pf + load.n_out * t_dec / (1.0 - rho_pf)), 1.0), b_cap)
+        t_dec = sm.decode_step_s(p.cfg, b, ctx)
+        # prefill is served in chunks that share iterations with decode: each chunk also waits one decode step
+        s = t_pf * (1.0 + t_dec / p.chunk_s)
+        c = max(serving, 1.0)
+        rho = min(max(lam_r * s, lam_r / mu_r), _RHO_MAX)
+        if plan.ordering == Ordering.EDF and load.lam_b > 0:  # batch prefill yields to interactive deadlines
+            rho = min(rho * (load.lam_i + 0.5 * load.lam_b) / (load.lam_i + load.lam_b), _RHO_MAX)
+        p_wait = min(rho ** (math.sqrt(2.0 * (c + 1.0)) - 1.0), 1.0)
+        theta = s * (1.0 + load.size_cv**2) / 2.0 / (c * (1.0 - rho))
+        in_flight = lam_r * (t_pf + load.n_out * t_dec / (1.0 - rho_pf))
+        busy = 1.0 - math.exp(-in_flight)  # P(at least one sequence in flight), Poisson occupancy
+        act = sm.activity(busy, min(lam_r * t_pf / busy, 1.0) if busy > 0 else 0.0, b, pp.max_batch)
+        power = pp.tp * (
+            serving * sm.gpu_power_w(pp.gpu, p.cfg.sm_clock_mhz, act)
+            + loading * sm.gpu_power_w(pp.gpu, p.cfg.sm_clock_mhz, 0.1)
+        )
+        return _PoolResult(
+            n, serving, mu, lam, t_dec / (1.0 - rho_pf), s, p_wait, theta, busy, b, power, (q0, lam - mu)
+        )
+
+    def _class_outcome(
+        self,
+        out: _Scenario,
+        d: ClassDemand,
+        lam: float,
+        load: _Load,
+        res: list[_PoolResult],
+        mu: float,
+        T: float,
+        cvs: tuple[float, ...],
+        batch_info: tuple[float, float, float],
+    ) -> None:
+        spec = self.protocol.spec(d.request_class)
+        offered = lam * T
+        if spec.deferrable:
+            released, carried, missed = batch_info
+            viol = min(missed / offered, 1.0) if offered > 0 else 0.0
+            out.carryover += carried
+            out.add(
+                ClassOutcome(d.request_class, offered, released, viol, viol, 0.0, 0.0), offered * (1 - viol)
+            )
+            return
+        lam_tot = sum(r.lam for r in res)
+        if not res or mu <= 0.0:
+            out.add(ClassOutcome(d.request_class, offered, 0.0, 1.0, 1.0, math.inf, math.inf), 0.0)
+            return
+        v_ttft = v_tpot = ttft99 = tpot99 = 0.0
+        served = 0.0
+        n_in = d.input_tokens_mean * (1.0 - d.prefix_hit_rate)
+        for r in res:
+            share = r.lam / lam_tot if lam_tot > 0 else 1.0 / len(res)
+            s_cls = r.t_pf * max(n_in, 1.0) / max(load.n_in, 1.0)
+            slo = spec.ttft_slo_ms / 1e3
+            q0, growth = r.fluid
+            wait_x = max(slo - s_cls, 0.0)
+            f_fluid = _fluid_share(q0, growth, r.mu, wait_x, T)
+            size_cv = size_cv_from_p90(d.input_tokens_mean, d.input_tokens_p90)
+            p_ttft = lognormal_exceed(s_cls, size_cv, slo) + r.p_wait * math.exp(-wait_x / max(r.theta, 1e-9))
+            v_ttft += share * (f_fluid + (1.0 - f_fluid) * min(p_ttft, 1.0))
+            p_tpot = max(lognormal_exceed(r.tpot_s, cv, spec.tpot_slo_ms / 1e3) for cv in cvs)
+            v_tpot += share * p_tpot
+            wq99 = r.theta * math.log(r.p_wait / 0.01) if r.p_wait > 0.01 else 0.0
+            fluid_wait = max(q0 + max(growth, -q0 / T) * T, q0) / r.mu if r.mu > 0 else math.inf
+            ttft99 = max(ttft99, (wq99 + s_cls * lognormal_q99_ratio(size_cv) + fluid_wait) * 1e3)
+            tpot99 = max(tpot99, r.tpot_s * lognormal_q99_ratio(cvs[0]) * 1e3)
+            served += share * min(offered, r.mu * T)
+        viol = min(1.0 - (1.0 - v_ttft) * (1.0 - v_tpot), 1.0)
+        out.add(
+            ClassOutcome(d.request_class, offered, served, viol, viol, ttft99, tpot99), offered * (1 - viol)
+        )
+
+
+class _Scenario:
+    """Accumulator of one demand scenario's outcome."""
+
+    def __init__(self) -> None:
+        self.classes: list[ClassOutcome] = []
+        self.by_class: dict[str, ClassOutcome] = {}
+        self.sla_met = self.carryover = self.gpu_hours = self.energy_kwh = 0.0
+        self.energy_cost_usd = self.cost_usd = self.cost_owned = self.peak_power_w = 0.0
+        self.cold_starts = 0
+
+    def add(self, c: ClassOutcome, sla_met: float) -> None:
+        self.classes.append(c)
+        self.by_class[c.request_class] = c
+        self.sla_met += sla_met
+
+
+def _rate(d: ClassDemand, scenario: str) -> float:
+    return max(getattr(d.arrivals_per_s, scenario), 0.0)
+
+
+def _fluid_share(q0: float, growth: float, mu: float, wait_s: float, T: float) -> float:
+    """Share of the period's arrivals whose fluid queueing delay Q(t)/mu exceeds wait_s (0-1)."""
+    if mu <= 0.0:
+        return 1.0
+    x = mu * wait_s - q0  # backlog growth needed before waits exceed wait_s
+    if growth > 0.0:
+        return min(max(1.0 - x / (growth * T), 0.0), 1.0)
+    if growth < 0.0:
+        return min(max(-x / (-growth * T), 0.0), 1.0)
+    return 1.0 if x < 0.0 else 0.0
+
+
+def _urgent_share(deadlines_s: tuple[float, ...], T: float) -> float:
+    """Share of waiting deferrable work whose deadline falls before the next period ends (0-1)."""
+    if not deadlines_s:
+        return 0.0
+    return sum(1.0 for x in deadlines_s if x <= 2.0 * T) / len(deadlines_s)
+
+
+def _by_gpu(gpus: Mapping[tuple[str, str], int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for (_, gpu), n in gpus.items():
+        out[gpu] = out.get(gpu, 0) + n
+    return out

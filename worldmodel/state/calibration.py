@@ -1,0 +1,118 @@
+"""Residuals of the planner's serving model against the stored observations, and calibration records.
+
+Reads the state (observations that arrived by a period's end) and writes the self-calibration's output
+back (scored residuals, per-key tracks, the risk band); the statistics live in worldmodel/selfcal.py.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import polars as pl
+
+from worldmodel.selfcal import ANY, Quantity, SelfCalibrator
+from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max
+from worldmodel.state.store import REPLICA_STATE_SQL, WorldState
+
+_PERIOD_SQL = f"""
+WITH r AS ({REPLICA_STATE_SQL}),
+tel AS (SELECT replica_id, avg(num_requests_running) AS running FROM gpu_telemetry
+        WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of AND replica_id IS NOT NULL
+        GROUP BY 1),
+c AS (SELECT replica_id, median(tpot_s) AS tpot_s, avg(input_tokens + output_tokens / 2.0) AS ctx,
+             quantile_cont(ttft_s, 0.1) AS ttft10_s,
+             quantile_cont(input_tokens - coalesce(cached_input_tokens, 0), 0.1) AS new10
+      FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
+        AND output_tokens > 1 GROUP BY 1)
+SELECT c.*, r.gpu_type, r.model, r.tp, r.precision, r.sm_clock_mhz,
+       coalesce(r.hostnames[1], c.replica_id) AS node,
+       coalesce(tel.running, 1.0) AS running
+FROM c JOIN r USING (replica_id) LEFT JOIN tel USING (replica_id)
+"""
+_POWER_SQL = """
+SELECT modelName AS gpu_type, hostname AS node, avg(DCGM_FI_DEV_POWER_USAGE) AS power_w,
+       avg(DCGM_FI_DEV_GPU_UTIL) AS util, avg(DCGM_FI_DEV_SM_CLOCK) AS clock
+FROM gpu_telemetry WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
+  AND DCGM_FI_DEV_POWER_USAGE IS NOT NULL GROUP BY ALL
+"""
+
+
+def period_residuals(state: WorldState, model: ServingModel, start: datetime, end: datetime) -> pl.DataFrame:
+    """Residual rows of one period from the stored observations that arrived by its end.
+
+    Decode: median TPOT per replica vs the roofline at the replica's mean running batch and context.
+    Prefill: the 10th-percentile TTFT per replica (the least-queued requests) vs the prefill time of the
+    10th-percentile uncached prompt. Power: mean DCGM power per node vs the power model at its mean
+    utilization and clock. Predictions use the priors only (no corrections), so residuals carry all error.
+
+    Parameters
+    ----------
+    state : the world-model state (read only).
+    model : serving model whose priors are compared (its corrections are ignored).
+    start, end : the period (UTC).
+
+    Returns
+    -------
+    Frame with quantity, gpu_type, node, model, predicted, observed (s or W).
+    """
+    prior = ServingModel(model.priors)
+    params = {"s": start, "as_of": end}
+    rows: list[tuple[str, str, str, str, float, float]] = []
+    for r in state.frame(_PERIOD_SQL, params).iter_rows(named=True):
+        cfg = PoolConfig(
+            r["gpu_type"],
+            r["model"],
+            int(r["tp"] or 1),
+            r["precision"] or "bf16",
+            clock_or_max(r["gpu_type"], r["sm_clock_mhz"]),
+        )
+        rows.append(
+            (
+                Quantity.DECODE,
+                cfg.gpu,
+                r["node"],
+                cfg.model,
+                prior.decode_step_s(cfg, float(r["running"]), float(r["ctx"])),
+                float(r["tpot_s"]),
+            )
+        )
+        if r["ttft10_s"] is not None:
+            rows.append(
+                (
+                    Quantity.PREFILL,
+                    cfg.gpu,
+                    r["node"],
+                    cfg.model,
+                    prior.prefill_s(cfg, float(r["new10"])),
+                    float(r["ttft10_s"]),
+                )
+            )
+    for r in state.frame(_POWER_SQL, params).iter_rows(named=True):
+        gpu = r["gpu_type"]
+        pred = prior.gpu_power_w(
+            gpu, clock_or_max(gpu, r["clock"]), prior.activity_from_util(r["util"] or 0.0)
+        )
+        rows.append((Quantity.POWER, gpu, r["node"], ANY, pred, float(r["power_w"])))
+    return pl.DataFrame(
+        rows, schema=["quantity", "gpu_type", "node", "model", "predicted", "observed"], orient="row"
+    )
+
+
+def record(state: WorldState, cal: SelfCalibrator, residuals: pl.DataFrame, at: datetime) -> None:
+    """Write scored residuals (from :meth:`SelfCalibrator.observe_frame`), the tracks and the risk band."""
+    if residuals.height:
+        keyed = residuals.with_columns(pl.lit(at).cast(pl.Datetime("us", "UTC")).alias("recorded_at"))
+        state.replace_rows(
+            "calibration_residuals",
+            keyed.unique(subset=["quantity", "gpu_type", "node", "model"], keep="last"),
+        )
+    state.replace_rows("calibration_state", cal.state_frame(at))
+    band = pl.DataFrame(
+        {
+            "recorded_at": [at],
+            "band": [cal.risk_band()],
+            "reason": [",".join(sorted({k[0] for k, t in cal.tracks.items() if t.band > 0})) or "in control"],
+        },
+        schema={"recorded_at": pl.Datetime("us", "UTC"), "band": pl.Float64, "reason": pl.String},
+    )
+    state.replace_rows("risk_band", band)
