@@ -13,8 +13,8 @@ from worldmodel.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, Site
 from worldmodel.servingmodel import PoolConfig, ServingModel
 
 MODEL_OF_CLASS = {"code": "llama-3.1-8b", "chat": "llama-3.1-70b", "batch": "llama-3.1-70b"}
-#: Preferred GPU type per model when scaling up (the deployed layout): big model on H100.
-PREFERRED_GPU = {"llama-3.1-8b": ("A100", "H100"), "llama-3.1-70b": ("H100", "A100")}
+#: Preferred GPU type per model when scaling up (the deployed layout): H100 first (cheaper per token), A100 overflow.
+PREFERRED_GPU = {"llama-3.1-8b": ("H100", "A100"), "llama-3.1-70b": ("H100", "A100")}
 
 
 def rate_per_class(arrivals_per_minute: pl.DataFrame, last: timedelta | None = None) -> dict[str, float]:

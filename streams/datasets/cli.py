@@ -24,7 +24,6 @@ class Entry:
     span: str
     rows: int
     license: str
-    path: Path
 
 
 def _iso(t: datetime) -> str:
@@ -49,27 +48,25 @@ def bundled() -> list[Entry]:
         df = load_prices(market, available_years(market))
         missing = int(price_gaps(df)["missing_hours"].sum())
         span = f"{_iso(df['interval_start'][0])} .. {_iso(df['interval_end'][-1])}, {missing} h missing"
-        out.append(Entry(f"prices/{market} ({df['market_run'][0]}, {df['location'][0]})", span, df.height,
-                         _license(root / "prices", "MIT"), root / "prices"))
+        name = f"prices/{market} ({df['market_run'][0]}, {df['location'][0]})"
+        out.append(Entry(name, span, df.height, _license(root / "prices", "MIT")))
     for kind in ("code", "conv"):
         df = load_azure(kind)
         span = f"{_iso(df['arrived_at'][0])} .. {_iso(df['arrived_at'][-1])}"
         folder = root / "traces" / "azure_llm_2023"
-        out.append(Entry(f"traces/azure_llm_2023 {kind}", span, df.height, _license(folder, "CC-BY-4.0"),
-                         folder))
+        out.append(Entry(f"traces/azure_llm_2023 {kind}", span, df.height, _license(folder, "CC-BY-4.0")))
     mc = load_mooncake()
     folder = root / "traces" / "mooncake_fast25"
     span = f"0 .. {mc['arrival_ms'][-1] / 1000:.0f} s (relative)"
-    out.append(Entry("traces/mooncake_fast25 conversation", span, mc.height, _license(folder, "Apache-2.0"),
-                     folder))
+    out.append(Entry("traces/mooncake_fast25 conversation", span, mc.height, _license(folder, "Apache-2.0")))
     shape, clients = load_rate_shape(), shape_clients()
     span = f"0 .. {shape.height * SLOT_S / 86400:.0f} d (relative, {SLOT_S // 60}-min, {clients} series)"
     out.append(Entry("servegen/language m-large rate", span, shape.height * clients,
-                     _license(root / "servegen", "Apache-2.0"), root / "servegen"))
+                     _license(root / "servegen", "Apache-2.0")))
     for folder, spdx in (("splitwise_perf_model", "MIT"), ("aiconfigurator_silicon", "Apache-2.0")):
         path = root / "calibration" / folder
         rows = sum(pl.read_csv(f, infer_schema_length=0).height for f in sorted(path.glob("*.csv.gz")))
-        out.append(Entry(f"calibration/{folder}", "-", rows, _license(path, spdx), path))
+        out.append(Entry(f"calibration/{folder}", "-", rows, _license(path, spdx)))
     return out
 
 

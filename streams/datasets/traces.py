@@ -13,8 +13,6 @@ import polars as pl
 from streams.datasets.paths import data_dir
 
 AZURE_KINDS = ("code", "conv")
-#: Mooncake prefix-block size (tokens per hash id).
-MOONCAKE_BLOCK_TOKENS = 512
 
 
 @lru_cache(maxsize=4)

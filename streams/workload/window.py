@@ -41,10 +41,6 @@ class Window:
     mean_price_usd_mwh: float
     rule: str
 
-    @property
-    def hours(self) -> float:
-        return (self.end - self.start).total_seconds() / 3600.0
-
     def local(self) -> tuple[datetime, datetime]:
         """Start and end in market-local time."""
         tz = ZoneInfo(MARKET_TZ[self.market])

@@ -33,7 +33,7 @@ class Physics:
 
     fp8_speedup_scale: float = 1.0
     clock_power_exponent: float = 2.2
-    token_budget: int = 8192
+    token_budget: int = 2048  # vLLM max_num_batched_tokens default for the OpenAI server (chunked prefill)
     release_margin_s: float = 1200.0
     load_power_frac: float = 0.3
 
