@@ -85,14 +85,26 @@ class PeriodAggregator:
             self._open.add(period)
         if "prefix_block_ids" not in df.columns:
             return
-        per = (df["event_at"].dt.epoch("us") // self.period_us).to_numpy()
-        for i in np.argsort(per, kind="stable"):
-            ids, period = df["prefix_block_ids"][int(i)] or [], int(per[i])
-            key = (period, str(df["request_class"][int(i)]))
-            self._reuse[key][0] += sum(1 for b in ids if period - self._seen.get(b, -(10**12)) <= self.reuse_periods)
-            self._reuse[key][1] += len(ids)
-            for b in ids:
-                self._seen[b] = max(period, self._seen.get(b, period))
+        ex = (df.with_row_index("row")
+              .select("row", (pl.col("event_at").dt.epoch("us") // self.period_us).alias("period"),
+                      "request_class", pl.col("prefix_block_ids").alias("block"))
+              .explode("block").drop_nulls("block").sort(["block", "period", "row"]))
+        if not len(ex):
+            return
+        b, per = ex["block"].to_numpy(), ex["period"].to_numpy()
+        first = np.concatenate([[True], b[1:] != b[:-1]])  # first sighting of a block in this batch
+        prev = np.concatenate([[0], per[:-1]])
+        uniq = b[first]
+        seen = np.array([self._seen.get(int(x), -(10**12)) for x in uniq], dtype=np.int64)
+        prev[first] = seen
+        hit = per - prev <= self.reuse_periods
+        last = np.concatenate([first[1:], [True]])
+        self._seen.update(zip(b[last].tolist(), per[last].tolist(), strict=True))
+        counts = (ex.with_columns(hit=pl.Series(hit)).group_by(["period", "request_class"])
+                  .agg(pl.col("hit").sum(), pl.len().alias("n")))
+        for period, c, h, n in counts.iter_rows():
+            self._reuse[(period, c)][0] += h
+            self._reuse[(period, c)][1] += n
 
     def add_completions(self, df: pl.DataFrame) -> None:
         """Completion records (event_at = completion, request_class, output_tokens)."""

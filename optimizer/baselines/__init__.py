@@ -3,6 +3,6 @@ production-tuned (best static configuration + price rule) and naive."""
 
 from optimizer.baselines.naive import NaivePolicy
 from optimizer.baselines.production import ProductionPolicy
+from optimizer.baselines.tuned import TunedProductionPolicy
 
-
-__all__ = ["NaivePolicy", "ProductionPolicy"]
+__all__ = ["NaivePolicy", "ProductionPolicy", "TunedProductionPolicy"]

@@ -164,3 +164,38 @@ def per_period(run: RunResult, period_s: float = 300.0) -> pl.DataFrame:
         / np.maximum(np.bincount(k_site, minlength=n_periods), 1),
     })
 
+
+
+def period_costs(run: RunResult, period_s: float = 300.0, cost: CostConfig | None = None) -> pl.DataFrame:
+    """Per-period energy and rented cost, on the same 10 s site ticks and prices as :func:`summarize`.
+
+    A tick at t belongs to the period containing (t - 10 s, t]; summed over periods the columns equal
+    summarize's ``energy_mwh`` x 1000, ``energy_cost_usd``, ``gpu_hours_by_type`` and ``cost_usd``.
+
+    Returns
+    -------
+    Frame with period, energy_kwh (site IT energy x PUE, kWh), energy_usd ($), gpu_hours_<type> (GPU-h of
+    warm or loading GPUs), gpu_usd ($, rented) and cost_usd ($, rented basis).
+    """
+    cost = cost or CostConfig()
+    rt, logs = run.runtime, run.runtime.logs
+    n_site = int(logs.n_site[0])
+    site_t = logs.site_t[:n_site]
+    k_site = ((site_t - 1e-9) // period_s).astype(np.int64)
+    n_tel = int(logs.n_tel[0])
+    k_tel = ((logs.tel_t[:n_tel] - 1e-9) // period_s).astype(np.int64)
+    n = int(max(k_site.max(initial=-1), k_tel.max(initial=-1))) + 1
+    kwh = logs.site_it_w[:n_site] * TEL_DT / 3.6e6 * cost.pue.value
+    usd = kwh * hourly_price(run, site_t - TEL_DT / 2) / 1000.0
+    out: dict[str, Any] = {"period": np.arange(n), "energy_kwh": np.bincount(k_site, weights=kwh, minlength=n),
+                           "energy_usd": np.bincount(k_site, weights=usd, minlength=n)}
+    pool = rt.rep.pool[logs.tel_rep[:n_tel]]
+    gpu_h = rt.pools.tp[pool] * TEL_DT / 3600.0
+    gpu_usd = np.zeros(n)
+    for g in sorted({g for _, g in rt.pool_keys}):
+        mask = np.isin(pool, [p for p, (_, gg) in enumerate(rt.pool_keys) if gg == g])
+        out[f"gpu_hours_{g}"] = np.bincount(k_tel[mask], weights=gpu_h[mask], minlength=n)
+        gpu_usd += out[f"gpu_hours_{g}"] * cost.rented_usd_per_gpu_h[g].value
+    out["gpu_usd"] = gpu_usd
+    out["cost_usd"] = gpu_usd + out["energy_usd"]
+    return pl.DataFrame(out)

@@ -1,0 +1,160 @@
+"""`production-tuned`: the best single static configuration chosen on the 7 days before the window, plus a
+price rule (the "best fixed" reference of the Koi paper, DESIGN.md).
+
+The configuration (precision where allowed, batch cap, SM clock) is chosen once, at start, by scoring every
+candidate with the operator's forward model over periods sampled from the history aggregates: highest
+SLA-met per dollar among configurations whose predicted violation rate stays within 0.1 pp of the as-deployed
+configuration's in every class. The autoscaler, routing and ordering stay as deployed. Price rule: hold
+deferrable work while the latest known price exceeds the past week's 90th percentile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+import numpy as np
+import polars as pl
+
+from optimizer.baselines.production import ProductionPolicy
+from optimizer.baselines.sizing import MODEL_OF_CLASS
+from optimizer.plan import BatchAdmission, Plan
+from optimizer.policy import History, Observations, Policy, PolicyContext, register
+from worldmodel.cost import CostConfig
+from worldmodel.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType
+from worldmodel.forecast_types import ClassDemand, DisturbanceForecast, Interval
+from worldmodel.forward import ForwardModel
+from worldmodel.servingmodel import ServingModel
+from worldmodel.snapshot import FleetSnapshot, PoolState
+
+MAX_BATCHES = (128, 256, 512)
+CLOCK_SHARES = (1.0, 0.85, 0.7)
+SLA_SLACK = 0.001  # 0.1 pp
+
+
+@register("production-tuned")
+class TunedProductionPolicy(Policy):
+    """Best static configuration on the past week + defer batch work above the past week's price p90.
+
+    sample_every_h : hours between history periods scored (h); price_quantile : the price rule's quantile.
+    """
+
+    name = "production-tuned"
+
+    def __init__(self, sample_every_h: float = 4.0, price_quantile: float = 0.9) -> None:
+        self.sample_every_h = sample_every_h
+        self.price_quantile = price_quantile
+        self._base: Plan | None = None
+        self._steady: Plan | None = None
+        self._prices = pl.DataFrame()
+        self.threshold_usd_mwh = float("inf")
+        self.chosen: dict[str, object] = {}
+
+    def start(self, ctx: PolicyContext, history: History) -> Plan:
+        deployed = ProductionPolicy()
+        first = deployed.start(ctx, history)
+        steady = deployed.plan(None)  # type: ignore[arg-type]  # as-deployed plan ignores observations
+        config = self._choose(ctx, history, steady)
+        self._base = _configure(first, config)
+        self._steady = replace(_configure(steady, config), label=f"production-tuned: {config}")
+        self._prices = history.prices.select("interval_start", "lmp_usd_mwh", "published_at")
+        week = self._prices.filter(pl.col("interval_start") >= ctx.window_start - timedelta(days=7))
+        if week.height:
+            self.threshold_usd_mwh = float(week["lmp_usd_mwh"].quantile(self.price_quantile))
+        return self._with_rule(self._base, ctx.window_start)
+
+    def plan(self, obs: Observations) -> Plan:
+        assert self._steady is not None, "start() first"
+        if obs.prices.height:
+            self._prices = pl.concat([self._prices, obs.prices.select(self._prices.columns)])
+        return self._with_rule(self._steady, obs.as_of)
+
+    def _with_rule(self, plan: Plan, as_of: datetime) -> Plan:
+        """Hold deferrable work while the latest price known as of `as_of` for the current hour exceeds p90."""
+        known = self._prices.filter((pl.col("published_at") <= as_of) & (pl.col("interval_start") <= as_of))
+        price = float(known.sort("interval_start")["lmp_usd_mwh"][-1]) if known.height else 0.0
+        hold = price > self.threshold_usd_mwh
+        adm = BatchAdmission.HOLD if hold else plan.batch_admission
+        return replace(plan, batch_admission=adm, notes=(f"price {price:.1f} vs p90 {self.threshold_usd_mwh:.1f}",))
+
+    def _choose(self, ctx: PolicyContext, history: History, deployed: Plan) -> tuple[str, int, float]:
+        model = ForwardModel(ServingModel(), CostConfig())
+        forecasts = _history_forecasts(history, ctx.period_s, self.sample_every_h)
+        if not forecasts:
+            return ("bf16", 256, 1.0)
+        scores: dict[tuple[str, int, float], tuple[float, np.ndarray]] = {}
+        for prec in ("bf16", "fp8"):
+            for mb in MAX_BATCHES:
+                for share in CLOCK_SHARES:
+                    cfg = (prec, mb, share)
+                    plan = _configure(deployed, cfg)
+                    snap = _snapshot(plan, forecasts[0].period_start)
+                    met = cost = 0.0
+                    viol = []
+                    for fc in forecasts:
+                        out = model.evaluate(replace(snap, as_of=fc.period_start), plan, fc)
+                        met += out.sla_met
+                        cost += out.cost_usd
+                        viol.append([c.violation_rate for c in out.classes])
+                    scores[cfg] = (met / cost if cost > 0 else 0.0, np.mean(viol, axis=0))
+        base_viol = scores[("bf16", 256, 1.0)][1]
+        ok = {c: s for c, s in scores.items() if np.all(s[1] <= base_viol + SLA_SLACK)}
+        best = max(ok, key=lambda c: ok[c][0])
+        self.chosen = {"precision": best[0], "max_batch": best[1], "clock_share": best[2],
+                       "predicted_gp_per_dollar": ok[best][0]}
+        return best
+
+
+def _configure(plan: Plan, cfg: tuple[str, int, float]) -> Plan:
+    prec, mb, share = cfg
+    pools = []
+    for p in plan.pools:
+        g = GpuType(p.gpu)
+        lo, hi = SM_CLOCK_RANGE_MHZ[g]
+        pools.append(replace(p, precision=prec if prec in PRECISIONS_BY_GPU[g] else "bf16", max_batch=mb,
+                             sm_clock_mhz=int(max(lo, round(hi * share)))))
+    return replace(plan, pools=tuple(pools))
+
+
+def _snapshot(plan: Plan, as_of: datetime) -> FleetSnapshot:
+    pools = tuple(PoolState(p.site, p.model, p.gpu, warm=max(p.replica_floor, 1), loading=0, cold=0, tp=p.tp,
+                            precision=p.precision, sm_clock_mhz=p.sm_clock_mhz, max_batch=p.max_batch)
+                  for p in plan.pools)
+    return FleetSnapshot(as_of=as_of, pools=pools, queues=())
+
+
+def _history_forecasts(history: History, period_s: float, every_h: float) -> list[DisturbanceForecast]:
+    """Realized history periods (every `every_h` hours) as forecasts with zero-width intervals."""
+    apm = history.arrivals_per_minute
+    if apm.height == 0:
+        return []
+    sizes = history.size_quantiles
+    prices = history.prices.sort("interval_start")
+    t0, t1 = apm["minute_at"].min(), apm["minute_at"].max()
+    out = []
+    t = t0
+    while t + timedelta(seconds=period_s) <= t1:
+        t_end = t + timedelta(seconds=period_s)
+        window = apm.filter((pl.col("minute_at") >= t) & (pl.col("minute_at") < t_end))
+        sz = sizes.filter((pl.col("period_at") >= t) & (pl.col("period_at") < t_end))
+        pr = prices.filter(pl.col("interval_start") <= t).tail(1)
+        if window.height and sz.height and pr.height:
+            demand = []
+            for cls, model in MODEL_OF_CLASS.items():
+                n = float(window.filter(pl.col("request_class") == cls)["requests"].sum())
+                s = sz.filter(pl.col("request_class") == cls)
+                if s.height == 0:
+                    continue
+                rate = n / period_s
+                i50, i90 = float(s["input_tokens_p50"][0]), float(s["input_tokens_p90"][0])
+                o50, o90 = float(s["output_tokens_p50"][0]), float(s["output_tokens_p90"][0])
+                demand.append(ClassDemand(cls, model, Interval(rate, rate, rate, rate, rate), (i50 + i90) / 2,
+                                          (o50 + o90) / 2, i90, o90))
+            price = float(pr["lmp_usd_mwh"][0])
+            out.append(DisturbanceForecast(t, period_s, tuple(demand), Interval(price, price, price, price, price),
+                                           True, 1.0))
+        t += timedelta(hours=every_h)
+    return out
+
+
+
