@@ -18,19 +18,28 @@ def _window_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--years", default=None, help="comma-separated years to sweep (overrides --year)")
     p.add_argument("--start", default=None, help="window start, ISO 8601 UTC (overrides the window rule)")
     p.add_argument(
-        "--window-rule", choices=("max", "median"), default="max",
+        "--window-rule",
+        choices=("max", "median"),
+        default="max",
         help="max: most expensive contiguous 3 h by mean price; median: a 3 h run whose mean is the year's median",
     )
-    p.add_argument("--periods", type=int, default=None, help="control periods in the window (default: 3 h worth)")
+    p.add_argument(
+        "--periods", type=int, default=None, help="control periods in the window (default: 3 h worth)"
+    )
     p.add_argument("--period-minutes", type=float, default=5.0, help="control period length (min)")
-    p.add_argument("--source", choices=("protocol", "azure", "mooncake"), default="protocol",
-                   help="protocol: the v1 mixed workload; azure|mooncake: replay one trace unchanged")
+    p.add_argument(
+        "--source",
+        choices=("protocol", "azure", "mooncake"),
+        default="protocol",
+        help="protocol: the v1 mixed workload; azure|mooncake: replay one trace unchanged",
+    )
     p.add_argument("--seed", type=int, default=0, help="workload seed")
 
 
 def _kafka_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
+        "--bootstrap-servers",
+        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
         help="Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS, else localhost:9092)",
     )
 
@@ -45,9 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", default="0", help="comma-separated workload seeds")
     p.add_argument("--cost-basis", choices=("rented", "owned"), default="rented", help="headline cost basis")
     p.add_argument("--emit-observations", action="store_true", help="write the observation stream under OUT/")
-    p.add_argument("--fp8-speedup-scale", type=float, default=1.0, help="sensitivity: scale the modeled FP8 gain")
-    p.add_argument("--clock-power-exponent", type=float, default=None,
-                   help="sensitivity: override the modeled clock-power exponent")
+    p.add_argument(
+        "--fp8-speedup-scale", type=float, default=1.0, help="sensitivity: scale the modeled FP8 gain"
+    )
+    p.add_argument(
+        "--clock-power-exponent",
+        type=float,
+        default=None,
+        help="sensitivity: override the modeled clock-power exponent",
+    )
     p.add_argument("--out", default="out/replay", help="output directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(_run="worldmodel.groundtruth.replay_cli:run")
@@ -56,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="WHAT")
     d = dsub.add_parser("list", help="list bundled data sets with span, rows, license")
     d.set_defaults(_run="streams.datasets.cli:run_list")
-    d = dsub.add_parser("window", help="show the window(s) a replay would use: span, mean price, requests per class")
+    d = dsub.add_parser(
+        "window", help="show the window(s) a replay would use: span, mean price, requests per class"
+    )
     _window_flags(d)
     d.set_defaults(_run="streams.datasets.cli:run_window")
 
@@ -64,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markets", default=",".join(MARKETS))
     p.add_argument("--years", default="2021,2022,2023,2024")
     p.add_argument("--horizon", type=int, default=24, help="steps ahead (hours for prices)")
-    p.add_argument("--origins", type=int, default=None, help="rolling origins per series (default: all weeks)")
+    p.add_argument(
+        "--origins", type=int, default=None, help="rolling origins per series (default: all weeks)"
+    )
     p.add_argument("--out", default="out/forecast")
     p.set_defaults(_run="forecasting.eval_cli:run")
 
@@ -82,9 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic-prefix", default="aurelius.", help="prefix of every topic name")
     p.add_argument("--field-map", default=None, help="TOML field mapping for foreign producers")
     p.add_argument("--period-s", type=float, default=None, help="control period length (s; default 300)")
-    p.add_argument("--allowed-lateness-s", type=float, default=None,
-                   help="watermark = max event time - this (s; default 30)")
-    p.add_argument("--start", default=None, help="start of period 0, ISO 8601 UTC (default: first record's period)")
+    p.add_argument(
+        "--allowed-lateness-s",
+        type=float,
+        default=None,
+        help="watermark = max event time - this (s; default 30)",
+    )
+    p.add_argument(
+        "--start", default=None, help="start of period 0, ISO 8601 UTC (default: first record's period)"
+    )
     p.add_argument("--group-id", default=None, help="consumer group / faust app id (default aurelius-worker)")
     p.set_defaults(_run="streams.worker_cli:run")
 
@@ -108,10 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("query", help='e.g. "SELECT policy, count(*) FROM audit GROUP BY 1"')
     a.add_argument("--audit-dir", default="audit")
     a.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
-    a.add_argument("--output", default=None, help="file for csv/json/parquet (default stdout; parquet needs it)")
+    a.add_argument(
+        "--output", default=None, help="file for csv/json/parquet (default stdout; parquet needs it)"
+    )
     a.set_defaults(_run="sinks.sql:run")
 
-    p = sub.add_parser("broker", help="local Kafka-compatible broker (Tansu, in memory) for a demo; NOT production")
+    p = sub.add_parser(
+        "broker", help="local Kafka-compatible broker (Tansu, in memory) for a demo; NOT production"
+    )
     p.add_argument("--port", type=int, default=9092)
     p.add_argument("--topic-prefix", default="aurelius.")
     p.set_defaults(_run="streams.broker:run")

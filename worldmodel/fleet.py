@@ -84,11 +84,18 @@ MARKET_REGION: dict[str, str] = {"PJM": "us-east", "ERCOT": "us-central", "CAISO
 
 def default_site(market: str, h100_nodes: int = 8, a100_nodes: int = 8) -> Site:
     """The default site of one market: H100 and A100 nodes of 8 GPUs in racks of 4 nodes, a binding cap."""
-    groups = (NodeGroup(GpuType.H100, h100_nodes, max(1, h100_nodes // 4)),
-              NodeGroup(GpuType.A100, a100_nodes, max(1, a100_nodes // 4)))
+    groups = (
+        NodeGroup(GpuType.H100, h100_nodes, max(1, h100_nodes // 4)),
+        NodeGroup(GpuType.A100, a100_nodes, max(1, a100_nodes // 4)),
+    )
     peak = sum(NODE_PEAK_W[g.gpu] * g.nodes for g in groups)
-    return Site(name=f"site-{market.lower()}", market=market, groups=groups,
-                power_cap_w=POWER_CAP_SHARE * peak, region=MARKET_REGION[market])
+    return Site(
+        name=f"site-{market.lower()}",
+        market=market,
+        groups=groups,
+        power_cap_w=POWER_CAP_SHARE * peak,
+        region=MARKET_REGION[market],
+    )
 
 
 def default_fleet(markets: tuple[str, ...] = ("PJM", "ERCOT", "CAISO")) -> FleetSpec:

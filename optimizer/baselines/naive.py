@@ -26,8 +26,14 @@ class NaivePolicy(Policy):
             floors = replicas_for(rates, sizes, s, max_batch=self.max_batch, utilization=1.0)
             for p in site_pools(s, floors=floors, max_batch=self.max_batch):
                 pools.append(p.__class__(**{**p.__dict__, "replica_ceiling": p.replica_floor}))
-        self._plan = Plan(pools=tuple(pools), routing=Routing.ROUND_ROBIN, ordering=Ordering.FCFS,
-                          batch_admission=BatchAdmission.IMMEDIATE, autoscale=False, label="naive: static mean-load fleet")
+        self._plan = Plan(
+            pools=tuple(pools),
+            routing=Routing.ROUND_ROBIN,
+            ordering=Ordering.FCFS,
+            batch_admission=BatchAdmission.IMMEDIATE,
+            autoscale=False,
+            label="naive: static mean-load fleet",
+        )
         return self._plan
 
     def plan(self, obs: Observations) -> Plan:

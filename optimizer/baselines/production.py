@@ -30,9 +30,13 @@ class ProductionPolicy(Policy):
         rates = rate_per_class(history.arrivals_per_minute, last=timedelta(minutes=15))
         sizes = mean_sizes(history.size_quantiles)
         pools = tuple(
-            p for s in ctx.fleet.sites
-            for p in site_pools(s, floors=replicas_for(rates, sizes, s, max_batch=self.max_batch,
-                                                       utilization=self.target), max_batch=self.max_batch)
+            p
+            for s in ctx.fleet.sites
+            for p in site_pools(
+                s,
+                floors=replicas_for(rates, sizes, s, max_batch=self.max_batch, utilization=self.target),
+                max_batch=self.max_batch,
+            )
         )
         first = self._make(pools, "production: initial fleet from the last 15 min of history")
         steady = tuple(p.__class__(**{**p.__dict__, "replica_floor": min(p.replica_floor, 1)}) for p in pools)
@@ -40,9 +44,15 @@ class ProductionPolicy(Policy):
         return first
 
     def _make(self, pools: tuple, label: str) -> Plan:
-        return Plan(pools=pools, routing=Routing.PREFIX_LOAD, ordering=Ordering.EDF,
-                    batch_admission=BatchAdmission.PRESSURE, autoscale=True, autoscale_target=self.target,
-                    label=label)
+        return Plan(
+            pools=pools,
+            routing=Routing.PREFIX_LOAD,
+            ordering=Ordering.EDF,
+            batch_admission=BatchAdmission.PRESSURE,
+            autoscale=True,
+            autoscale_target=self.target,
+            label=label,
+        )
 
     def plan(self, obs: Observations) -> Plan:
         assert self._plan is not None, "start() first"

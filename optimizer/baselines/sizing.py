@@ -41,8 +41,15 @@ def mean_sizes(size_quantiles: pl.DataFrame) -> dict[str, tuple[float, float]]:
     return {r["request_class"]: (float(r["inp"]), float(r["out"])) for r in out.iter_rows(named=True)}
 
 
-def replicas_for(rates: dict[str, float], sizes: dict[str, tuple[float, float]], site: Site, *,
-                 max_batch: int, utilization: float, precision: str = "bf16") -> dict[str, int]:
+def replicas_for(
+    rates: dict[str, float],
+    sizes: dict[str, tuple[float, float]],
+    site: Site,
+    *,
+    max_batch: int,
+    utilization: float,
+    precision: str = "bf16",
+) -> dict[str, int]:
     """Replicas per model on its preferred GPU type so that busy time stays at `utilization`.
 
     Per request the replica spends prefill_s(input) plus output x step_s(batch) / batch of decode time
@@ -54,7 +61,9 @@ def replicas_for(rates: dict[str, float], sizes: dict[str, tuple[float, float]],
         model = MODEL_OF_CLASS[cls]
         gpu = next(g for g in PREFERRED_GPU[model] if site.gpus(GpuType(g)) > 0)
         prec = precision if gpu == "H100" else "bf16"
-        cfg = PoolConfig(gpu, model, DEFAULT_TP[(model, GpuType(gpu))], prec, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1])
+        cfg = PoolConfig(
+            gpu, model, DEFAULT_TP[(model, GpuType(gpu))], prec, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1]
+        )
         inp, out = sizes.get(cls, (1000.0, 200.0))
         batch = max_batch / 2
         per_req = sm.prefill_s(cfg, inp) + out * sm.decode_step_s(cfg, batch, inp + out / 2) / batch
@@ -62,8 +71,14 @@ def replicas_for(rates: dict[str, float], sizes: dict[str, tuple[float, float]],
     return {m: max(1, math.ceil(b / utilization)) for m, b in busy.items()}
 
 
-def site_pools(site: Site, *, floors: dict[str, int], max_batch: int, precision: str = "bf16",
-               clock: dict[str, int] | None = None) -> tuple[PoolPlan, ...]:
+def site_pools(
+    site: Site,
+    *,
+    floors: dict[str, int],
+    max_batch: int,
+    precision: str = "bf16",
+    clock: dict[str, int] | None = None,
+) -> tuple[PoolPlan, ...]:
     """Pools for both models on every GPU type of the site, preferred type first, floor on the preferred type."""
     pools = []
     for model, prefs in PREFERRED_GPU.items():
@@ -71,6 +86,17 @@ def site_pools(site: Site, *, floors: dict[str, int], max_batch: int, precision:
             tp = DEFAULT_TP[(model, GpuType(gpu))]
             mhz = (clock or {}).get(gpu, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1])
             prec = precision if gpu == "H100" else "bf16"
-            pools.append(PoolPlan(site.name, model, gpu, floors.get(model, 1) if k == 0 else 0,
-                                  site.gpus(GpuType(gpu)) // tp, tp, prec, max_batch, int(mhz)))
+            pools.append(
+                PoolPlan(
+                    site.name,
+                    model,
+                    gpu,
+                    floors.get(model, 1) if k == 0 else 0,
+                    site.gpus(GpuType(gpu)) // tp,
+                    tp,
+                    prec,
+                    max_batch,
+                    int(mhz),
+                )
+            )
     return tuple(pools)

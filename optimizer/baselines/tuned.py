@@ -75,7 +75,9 @@ class TunedProductionPolicy(Policy):
         price = float(known.sort("interval_start")["lmp_usd_mwh"][-1]) if known.height else 0.0
         hold = price > self.threshold_usd_mwh
         adm = BatchAdmission.HOLD if hold else plan.batch_admission
-        return replace(plan, batch_admission=adm, notes=(f"price {price:.1f} vs p90 {self.threshold_usd_mwh:.1f}",))
+        return replace(
+            plan, batch_admission=adm, notes=(f"price {price:.1f} vs p90 {self.threshold_usd_mwh:.1f}",)
+        )
 
     def _choose(self, ctx: PolicyContext, history: History, deployed: Plan) -> tuple[str, int, float]:
         model = ForwardModel(ServingModel(), CostConfig())
@@ -100,8 +102,12 @@ class TunedProductionPolicy(Policy):
         base_viol = scores[("bf16", 256, 1.0)][1]
         ok = {c: s for c, s in scores.items() if np.all(s[1] <= base_viol + SLA_SLACK)}
         best = max(ok, key=lambda c: ok[c][0])
-        self.chosen = {"precision": best[0], "max_batch": best[1], "clock_share": best[2],
-                       "predicted_gp_per_dollar": ok[best][0]}
+        self.chosen = {
+            "precision": best[0],
+            "max_batch": best[1],
+            "clock_share": best[2],
+            "predicted_gp_per_dollar": ok[best][0],
+        }
         return best
 
 
@@ -111,15 +117,33 @@ def _configure(plan: Plan, cfg: tuple[str, int, float]) -> Plan:
     for p in plan.pools:
         g = GpuType(p.gpu)
         lo, hi = SM_CLOCK_RANGE_MHZ[g]
-        pools.append(replace(p, precision=prec if prec in PRECISIONS_BY_GPU[g] else "bf16", max_batch=mb,
-                             sm_clock_mhz=int(max(lo, round(hi * share)))))
+        pools.append(
+            replace(
+                p,
+                precision=prec if prec in PRECISIONS_BY_GPU[g] else "bf16",
+                max_batch=mb,
+                sm_clock_mhz=int(max(lo, round(hi * share))),
+            )
+        )
     return replace(plan, pools=tuple(pools))
 
 
 def _snapshot(plan: Plan, as_of: datetime) -> FleetSnapshot:
-    pools = tuple(PoolState(p.site, p.model, p.gpu, warm=max(p.replica_floor, 1), loading=0, cold=0, tp=p.tp,
-                            precision=p.precision, sm_clock_mhz=p.sm_clock_mhz, max_batch=p.max_batch)
-                  for p in plan.pools)
+    pools = tuple(
+        PoolState(
+            p.site,
+            p.model,
+            p.gpu,
+            warm=max(p.replica_floor, 1),
+            loading=0,
+            cold=0,
+            tp=p.tp,
+            precision=p.precision,
+            sm_clock_mhz=p.sm_clock_mhz,
+            max_batch=p.max_batch,
+        )
+        for p in plan.pools
+    )
     return FleetSnapshot(as_of=as_of, pools=pools, queues=())
 
 
@@ -148,13 +172,22 @@ def _history_forecasts(history: History, period_s: float, every_h: float) -> lis
                 rate = n / period_s
                 i50, i90 = float(s["input_tokens_p50"][0]), float(s["input_tokens_p90"][0])
                 o50, o90 = float(s["output_tokens_p50"][0]), float(s["output_tokens_p90"][0])
-                demand.append(ClassDemand(cls, model, Interval(rate, rate, rate, rate, rate), (i50 + i90) / 2,
-                                          (o50 + o90) / 2, i90, o90))
+                demand.append(
+                    ClassDemand(
+                        cls,
+                        model,
+                        Interval(rate, rate, rate, rate, rate),
+                        (i50 + i90) / 2,
+                        (o50 + o90) / 2,
+                        i90,
+                        o90,
+                    )
+                )
             price = float(pr["lmp_usd_mwh"][0])
-            out.append(DisturbanceForecast(t, period_s, tuple(demand), Interval(price, price, price, price, price),
-                                           True, 1.0))
+            out.append(
+                DisturbanceForecast(
+                    t, period_s, tuple(demand), Interval(price, price, price, price, price), True, 1.0
+                )
+            )
         t += timedelta(hours=every_h)
     return out
-
-
-

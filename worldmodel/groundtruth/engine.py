@@ -39,6 +39,12 @@ from worldmodel.groundtruth.state import (
     S_ROUTING,
     S_RR,
     WARM,
+    Hardware,
+    Logs,
+    Pools,
+    Queues,
+    Replicas,
+    Requests,
 )
 
 TEL_DT = 10.0
@@ -47,7 +53,17 @@ MIN_PREFIX_BLOCKS = 1
 
 
 @njit(cache=True)
-def schedule(rep, r: int, req, sf, si, ht, hr, hv, t: float) -> None:
+def schedule(
+    rep: Replicas,
+    r: int,
+    req: Requests,
+    sf: np.ndarray,
+    si: np.ndarray,
+    ht: np.ndarray,
+    hr: np.ndarray,
+    hv: np.ndarray,
+    t: float,
+) -> None:
     """Plan replica r's next iteration from time t and push its end event."""
     end = plan_step(rep, r, req, sf, t, si[S_EDF] == 1)
     if end < math.inf:
@@ -56,7 +72,7 @@ def schedule(rep, r: int, req, sf, si, ht, hr, hv, t: float) -> None:
 
 
 @njit(cache=True)
-def batch_releasable(req, q, m: int, sf, si, t: float) -> bool:
+def batch_releasable(req: Requests, q: Queues, m: int, sf: np.ndarray, si: np.ndarray, t: float) -> bool:
     """Whether the top deferrable request of model m may be dispatched now under the admission mode."""
     if q.bn[m] == 0:
         return False
@@ -72,7 +88,7 @@ def batch_releasable(req, q, m: int, sf, si, t: float) -> bool:
 
 
 @njit(cache=True)
-def pick_replica(rep, pools, req, i: int, si, max_load: float) -> int:
+def pick_replica(rep: Replicas, pools: Pools, req: Requests, i: int, si: np.ndarray, max_load: float) -> int:
     """Route request i among warm replicas of its model with room (prefix-aware, least-load or round-robin)."""
     m = req.model[i]
     best = -1
@@ -112,7 +128,18 @@ def pick_replica(rep, pools, req, i: int, si, max_load: float) -> int:
 
 
 @njit(cache=True)
-def place(rep, req, sf, si, ht, hr, hv, r: int, i: int, t: float) -> None:
+def place(
+    rep: Replicas,
+    req: Requests,
+    sf: np.ndarray,
+    si: np.ndarray,
+    ht: np.ndarray,
+    hr: np.ndarray,
+    hv: np.ndarray,
+    r: int,
+    i: int,
+    t: float,
+) -> None:
     """Join request i to replica r; start the replica if idle, or cut its decode jump short."""
     join(rep, r, req, i, t)
     if rep.stepping[r] == 0:
@@ -126,7 +153,19 @@ def place(rep, req, sf, si, ht, hr, hv, r: int, i: int, t: float) -> None:
 
 
 @njit(cache=True)
-def drain_queues(rep, pools, req, q, sf, si, ht, hr, hv, m: int, t: float) -> None:
+def drain_queues(
+    rep: Replicas,
+    pools: Pools,
+    req: Requests,
+    q: Queues,
+    sf: np.ndarray,
+    si: np.ndarray,
+    ht: np.ndarray,
+    hr: np.ndarray,
+    hv: np.ndarray,
+    m: int,
+    t: float,
+) -> None:
     """Dispatch queued work of model m to replicas with room: interactive first (EDF), then deferrable."""
     cap = q.iq.shape[1]
     while q.ihead[m] != q.itail[m]:
@@ -146,7 +185,7 @@ def drain_queues(rep, pools, req, q, sf, si, ht, hr, hv, m: int, t: float) -> No
 
 
 @njit(cache=True)
-def enqueue(req, q, si, i: int, front: bool) -> None:
+def enqueue(req: Requests, q: Queues, si: np.ndarray, i: int, front: bool) -> None:
     m = req.model[i]
     if req.cls[i] == 2:
         key = req.deadline[i] if si[S_EDF] == 1 else req.arrival[i]
@@ -162,7 +201,21 @@ def enqueue(req, q, si, i: int, front: bool) -> None:
 
 
 @njit(cache=True)
-def on_step_end(rep, pools, req, q, hw, logs, sf, si, ht, hr, hv, r: int, t: float) -> None:
+def on_step_end(
+    rep: Replicas,
+    pools: Pools,
+    req: Requests,
+    q: Queues,
+    hw: Hardware,
+    logs: Logs,
+    sf: np.ndarray,
+    si: np.ndarray,
+    ht: np.ndarray,
+    hr: np.ndarray,
+    hv: np.ndarray,
+    r: int,
+    t: float,
+) -> None:
     # credit busy time of the finished step
     start = max(rep.step_start[r], rep.busy_mark[r])
     if t > start:
@@ -184,7 +237,20 @@ def on_step_end(rep, pools, req, q, hw, logs, sf, si, ht, hr, hv, r: int, t: flo
 
 
 @njit(cache=True)
-def run_until(rep, pools, req, q, hw, logs, sf, si, ht, hr, hv, t_end: float) -> None:
+def run_until(
+    rep: Replicas,
+    pools: Pools,
+    req: Requests,
+    q: Queues,
+    hw: Hardware,
+    logs: Logs,
+    sf: np.ndarray,
+    si: np.ndarray,
+    ht: np.ndarray,
+    hr: np.ndarray,
+    hv: np.ndarray,
+    t_end: float,
+) -> None:
     """Advance the site from sf[S_NOW] to t_end, processing every event in time order."""
     n_req = req.arrival.shape[0]
     while True:

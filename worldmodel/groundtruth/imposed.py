@@ -89,12 +89,21 @@ def run_window(market: str, plan: Plan | None, args: argparse.Namespace) -> tupl
     """
     start = datetime.fromisoformat(args.start) if getattr(args, "start", None) else None
     wl = build_workload(
-        market, int(args.year), rule=args.window_rule, start=start, periods=args.periods,
-        period_minutes=float(args.period_minutes), seed=int(args.seed), source=args.source,
+        market,
+        int(args.year),
+        rule=args.window_rule,
+        start=start,
+        periods=args.periods,
+        period_minutes=float(args.period_minutes),
+        seed=int(args.seed),
+        source=args.source,
     )
     policy = _Recording(ImposedPolicy(plan) if plan is not None else create(LOGGING_POLICY))
-    run = run_replay(wl, policy, default_fleet((market,)), period_s=float(args.period_minutes) * 60.0,
-                     keep_observations=True)
+    period_s = float(args.period_minutes) * 60.0
+    window_s = args.periods * period_s if args.periods else None  # a shortened window drains right after
+    run = run_replay(
+        wl, policy, default_fleet((market,)), period_s=period_s, window_s=window_s, keep_observations=True
+    )
     return run, policy.plans
 
 
@@ -115,8 +124,9 @@ def realize(market: str, plan: Plan | None, args: argparse.Namespace) -> Iterato
     yield from realized_periods(run, plans, float(args.period_minutes) * 60.0)
 
 
-def realized_periods(run: RunResult, plans: list[Plan], period_s: float,
-                     cost: CostConfig | None = None) -> Iterator[RealizedPeriod]:
+def realized_periods(
+    run: RunResult, plans: list[Plan], period_s: float, cost: CostConfig | None = None
+) -> Iterator[RealizedPeriod]:
     """Split one kept-observation run into :class:`RealizedPeriod` s (see :func:`realize`)."""
     assert run.observations is not None, "run_replay(..., keep_observations=True)"
     costs = period_costs(run, period_s, cost)
@@ -125,14 +135,23 @@ def realized_periods(run: RunResult, plans: list[Plan], period_s: float,
     for k in range(run.periods):
         as_of = start + timedelta(seconds=(k + 1) * period_s)
         obs = Observations(
-            as_of=as_of, period_index=k + 1,
+            as_of=as_of,
+            period_index=k + 1,
             prices=_prices(run, k, as_of, period_s),
-            **{name: run.observations[name][k] for name in ("arrivals", "completions", "telemetry",
-                                                             "fleet_events")},
+            **{
+                name: run.observations[name][k]
+                for name in ("arrivals", "completions", "telemetry", "fleet_events")
+            },
         )
         row = costs.row(k, named=True) if k < costs.height else {"energy_kwh": 0.0, "cost_usd": 0.0}
-        yield RealizedPeriod(k, plans[min(k, len(plans) - 1)], obs, float(row["energy_kwh"]),
-                             float(row["cost_usd"]), classes[k])
+        yield RealizedPeriod(
+            k,
+            plans[min(k, len(plans) - 1)],
+            obs,
+            float(row["energy_kwh"]),
+            float(row["cost_usd"]),
+            classes[k],
+        )
 
 
 def _prices(run: RunResult, k: int, as_of: datetime, period_s: float) -> pl.DataFrame:

@@ -25,12 +25,22 @@ from worldmodel.groundtruth.scaler import TEL_DT
 
 CLASSES = ("code", "chat", "batch")
 PROVENANCE = {
-    "offered": "trace-derived", "completed": "modeled", "sla_met": "modeled", "sla_violation_rate": "modeled",
-    "unfinished": "modeled", "ttft_p99_ms": "modeled", "tpot_p99_ms": "modeled",
-    "gpu_hours": "modeled", "energy_mwh": "benchmark-calibrated + modeled (power curve, PUE)",
-    "cost_usd": "modeled (rental rates) x trace-derived prices", "cost_usd_owned": "modeled (amortized price)",
-    "gp_per_dollar": "modeled", "gp_per_dollar_owned": "modeled", "tokens_sla_met_per_dollar": "modeled",
-    "energy_share": "modeled", "window.mean_price_usd_mwh": "trace-derived",
+    "offered": "trace-derived",
+    "completed": "modeled",
+    "sla_met": "modeled",
+    "sla_violation_rate": "modeled",
+    "unfinished": "modeled",
+    "ttft_p99_ms": "modeled",
+    "tpot_p99_ms": "modeled",
+    "gpu_hours": "modeled",
+    "energy_mwh": "benchmark-calibrated + modeled (power curve, PUE)",
+    "cost_usd": "modeled (rental rates) x trace-derived prices",
+    "cost_usd_owned": "modeled (amortized price)",
+    "gp_per_dollar": "modeled",
+    "gp_per_dollar_owned": "modeled",
+    "tokens_sla_met_per_dollar": "modeled",
+    "energy_share": "modeled",
+    "window.mean_price_usd_mwh": "trace-derived",
 }
 
 
@@ -56,8 +66,14 @@ def request_outcomes(run: RunResult) -> dict[str, np.ndarray]:
     ttft = req.first - req.arrival
     tpot = np.where(req.out > 1, (req.done - req.first) / np.maximum(req.out - 1, 1), 0.0)
     sla = met(req.cls, ttft, tpot, req.done, req.deadline, run.runtime.requests, idx)
-    return {"cls": req.cls, "ttft_s": ttft, "tpot_s": tpot, "done": ~np.isnan(req.done), "sla_met": sla,
-            "out": req.out}
+    return {
+        "cls": req.cls,
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "done": ~np.isnan(req.done),
+        "sla_met": sla,
+        "out": req.out,
+    }
 
 
 def _p99_ms(x: np.ndarray) -> float | None:
@@ -86,7 +102,9 @@ def summarize(run: RunResult, cost: CostConfig | None = None) -> dict[str, Any]:
     total = gpu_usd + energy_usd
     total_owned = owned_usd + energy_usd
     if total <= 0 or total_owned <= 0:
-        raise AssertionError(f"operator cost must stay positive (rented {total:.2f}, owned {total_owned:.2f})")
+        raise AssertionError(
+            f"operator cost must stay positive (rented {total:.2f}, owned {total_owned:.2f})"
+        )
     switch_usd = loading_hours * _mean_rate(gpu_hours, cost)
     offered = int(o["cls"].shape[0])
     sla_met = int(o["sla_met"].sum())
@@ -99,23 +117,39 @@ def summarize(run: RunResult, cost: CostConfig | None = None) -> dict[str, Any]:
         if n == 0:
             continue
         classes[name] = {
-            "offered": n, "completed": int(o["done"][m].sum()), "sla_met": int(o["sla_met"][m].sum()),
+            "offered": n,
+            "completed": int(o["done"][m].sum()),
+            "sla_met": int(o["sla_met"][m].sum()),
             "unfinished": int(n - o["done"][m].sum()),
             "sla_violation_rate": float((n - o["sla_met"][m].sum()) / n),
-            "ttft_p99_ms": _p99_ms(o["ttft_s"][m]), "tpot_p99_ms": _p99_ms(o["tpot_s"][m]),
+            "ttft_p99_ms": _p99_ms(o["ttft_s"][m]),
+            "tpot_p99_ms": _p99_ms(o["tpot_s"][m]),
         }
     interactive = o["cls"] != 2
     return {
-        "offered": offered, "completed": completed, "sla_met": sla_met, "unfinished": offered - completed,
+        "offered": offered,
+        "completed": completed,
+        "sla_met": sla_met,
+        "unfinished": offered - completed,
         "sla_violation_rate": (offered - sla_met) / offered if offered else 0.0,
-        "gp_per_dollar": sla_met / total, "tokens_sla_met_per_dollar": tokens / total,
-        "cost_usd": total, "cost_usd_owned": total_owned, "gp_per_dollar_owned": sla_met / total_owned,
-        "gpu_cost_usd": gpu_usd, "energy_cost_usd": energy_usd, "switch_usd": switch_usd,
-        "energy_mwh": energy_mwh, "energy_share": energy_usd / total, "energy_share_owned": energy_usd / total_owned,
-        "gpu_hours": float(sum(gpu_hours.values())), "gpu_hours_by_type": gpu_hours,
-        "ttft_p99_ms": _p99_ms(o["ttft_s"][interactive]), "tpot_p99_ms": _p99_ms(o["tpot_s"][interactive]),
+        "gp_per_dollar": sla_met / total,
+        "tokens_sla_met_per_dollar": tokens / total,
+        "cost_usd": total,
+        "cost_usd_owned": total_owned,
+        "gp_per_dollar_owned": sla_met / total_owned,
+        "gpu_cost_usd": gpu_usd,
+        "energy_cost_usd": energy_usd,
+        "switch_usd": switch_usd,
+        "energy_mwh": energy_mwh,
+        "energy_share": energy_usd / total,
+        "energy_share_owned": energy_usd / total_owned,
+        "gpu_hours": float(sum(gpu_hours.values())),
+        "gpu_hours_by_type": gpu_hours,
+        "ttft_p99_ms": _p99_ms(o["ttft_s"][interactive]),
+        "tpot_p99_ms": _p99_ms(o["tpot_s"][interactive]),
         "horizon_h": horizon_h,
-        "classes": classes, "wall_s": run.wall_s,
+        "classes": classes,
+        "wall_s": run.wall_s,
     }
 
 
@@ -151,19 +185,22 @@ def per_period(run: RunResult, period_s: float = 300.0) -> pl.DataFrame:
     it_kwh = logs.site_it_w[:n_site] * TEL_DT / 3.6e6
     price = hourly_price(run, site_t - TEL_DT / 2)
     start = run.workload.window.start
-    return pl.DataFrame({
-        "market": run.market, "policy": run.policy, "seed": run.seed,
-        "period": np.arange(n_periods),
-        "period_start": [start + timedelta(seconds=k * period_s) for k in range(n_periods)],
-        "arrivals": np.bincount(k_arr, minlength=n_periods),
-        "sla_met": np.bincount(k_arr, weights=o["sla_met"].astype(float), minlength=n_periods),
-        "it_energy_kwh": np.bincount(k_site, weights=it_kwh, minlength=n_periods),
-        "gpus_mean": np.bincount(k_site, weights=logs.site_gpus[:n_site], minlength=n_periods)
-        / np.maximum(np.bincount(k_site, minlength=n_periods), 1),
-        "price_usd_mwh": np.bincount(k_site, weights=price, minlength=n_periods)
-        / np.maximum(np.bincount(k_site, minlength=n_periods), 1),
-    })
-
+    return pl.DataFrame(
+        {
+            "market": run.market,
+            "policy": run.policy,
+            "seed": run.seed,
+            "period": np.arange(n_periods),
+            "period_start": [start + timedelta(seconds=k * period_s) for k in range(n_periods)],
+            "arrivals": np.bincount(k_arr, minlength=n_periods),
+            "sla_met": np.bincount(k_arr, weights=o["sla_met"].astype(float), minlength=n_periods),
+            "it_energy_kwh": np.bincount(k_site, weights=it_kwh, minlength=n_periods),
+            "gpus_mean": np.bincount(k_site, weights=logs.site_gpus[:n_site], minlength=n_periods)
+            / np.maximum(np.bincount(k_site, minlength=n_periods), 1),
+            "price_usd_mwh": np.bincount(k_site, weights=price, minlength=n_periods)
+            / np.maximum(np.bincount(k_site, minlength=n_periods), 1),
+        }
+    )
 
 
 def period_costs(run: RunResult, period_s: float = 300.0, cost: CostConfig | None = None) -> pl.DataFrame:
@@ -187,8 +224,11 @@ def period_costs(run: RunResult, period_s: float = 300.0, cost: CostConfig | Non
     n = int(max(k_site.max(initial=-1), k_tel.max(initial=-1))) + 1
     kwh = logs.site_it_w[:n_site] * TEL_DT / 3.6e6 * cost.pue.value
     usd = kwh * hourly_price(run, site_t - TEL_DT / 2) / 1000.0
-    out: dict[str, Any] = {"period": np.arange(n), "energy_kwh": np.bincount(k_site, weights=kwh, minlength=n),
-                           "energy_usd": np.bincount(k_site, weights=usd, minlength=n)}
+    out: dict[str, Any] = {
+        "period": np.arange(n),
+        "energy_kwh": np.bincount(k_site, weights=kwh, minlength=n),
+        "energy_usd": np.bincount(k_site, weights=usd, minlength=n),
+    }
     pool = rt.rep.pool[logs.tel_rep[:n_tel]]
     gpu_h = rt.pools.tp[pool] * TEL_DT / 3600.0
     gpu_usd = np.zeros(n)

@@ -34,16 +34,24 @@ class ObservationStream:
         self.prices = prices.sort("published_at")
         req = runtime.requests
         self._arrival_s = req["arrival_s"].to_numpy()
-        self.arrivals_all = (
-            req.select(
-                pl.lit("1").alias("schema_version"), "request_id",
-                _ts(start, self._arrival_s).alias("event_at"), _ts(start, self._arrival_s).alias("arrived_at"),
-                "request_class", "model", "input_tokens", "prefix_block_ids", pl.lit(site_name).alias("site"),
-                "tenant", "allowed_regions", "sla_ttft_ms", "sla_tpot_ms",
-                pl.when(pl.col("deadline_s").is_not_null())
-                .then(pl.lit(start) + pl.duration(microseconds=(pl.col("deadline_s") * 1e6).cast(pl.Int64)))
-                .alias("deadline_at").cast(_UTC),
-            )
+        self.arrivals_all = req.select(
+            pl.lit("1").alias("schema_version"),
+            "request_id",
+            _ts(start, self._arrival_s).alias("event_at"),
+            _ts(start, self._arrival_s).alias("arrived_at"),
+            "request_class",
+            "model",
+            "input_tokens",
+            "prefix_block_ids",
+            pl.lit(site_name).alias("site"),
+            "tenant",
+            "allowed_regions",
+            "sla_ttft_ms",
+            "sla_tpot_ms",
+            pl.when(pl.col("deadline_s").is_not_null())
+            .then(pl.lit(start) + pl.duration(microseconds=(pl.col("deadline_s") * 1e6).cast(pl.Int64)))
+            .alias("deadline_at")
+            .cast(_UTC),
         )
         self._arr_cursor = 0
         self._comp_cursor = 0
@@ -67,7 +75,7 @@ class ObservationStream:
     def completions(self) -> pl.DataFrame:
         rt = self.rt
         n = int(rt.logs.n_completed[0])
-        idx = rt.logs.completed[self._comp_cursor:n]
+        idx = rt.logs.completed[self._comp_cursor : n]
         self._comp_cursor = n
         req = rt.req
         first, done, arr = req.first[idx], req.done[idx], req.arrival[idx]
@@ -79,17 +87,31 @@ class ObservationStream:
         gpu = np.array([g for _, g in rt.pool_keys])[pool]
         cls = req.cls[idx]
         sla = met(cls, ttft, tpot, done, req.deadline[idx], rt.requests, idx)
-        return pl.DataFrame({
-            "schema_version": ["1"] * len(idx),
-            "request_id": rt.requests["request_id"].gather(idx) if len(idx) else pl.Series([], dtype=pl.Utf8),
-            "event_at": _ts(self.start, done), "arrived_at": _ts(self.start, done),
-            "request_class": _CLASSES[cls], "model": rt.requests["model"].gather(idx) if len(idx) else [],
-            "site": [self.site] * len(idx), "replica_id": [f"{self.site}-r{r}" for r in rep],
-            "gpu_type": gpu, "input_tokens": req.inp[idx], "output_tokens": out_tok,
-            "cached_input_tokens": req.cached[idx], "queued_at": _ts(self.start, arr),
-            "first_token_at": _ts(self.start, first), "ttft_s": ttft, "tpot_s": tpot, "e2e_s": done - arr,
-            "sla_met": sla, "finish_reason": ["stop"] * len(idx),
-        })
+        return pl.DataFrame(
+            {
+                "schema_version": ["1"] * len(idx),
+                "request_id": rt.requests["request_id"].gather(idx)
+                if len(idx)
+                else pl.Series([], dtype=pl.Utf8),
+                "event_at": _ts(self.start, done),
+                "arrived_at": _ts(self.start, done),
+                "request_class": _CLASSES[cls],
+                "model": rt.requests["model"].gather(idx) if len(idx) else [],
+                "site": [self.site] * len(idx),
+                "replica_id": [f"{self.site}-r{r}" for r in rep],
+                "gpu_type": gpu,
+                "input_tokens": req.inp[idx],
+                "output_tokens": out_tok,
+                "cached_input_tokens": req.cached[idx],
+                "queued_at": _ts(self.start, arr),
+                "first_token_at": _ts(self.start, first),
+                "ttft_s": ttft,
+                "tpot_s": tpot,
+                "e2e_s": done - arr,
+                "sla_met": sla,
+                "finish_reason": ["stop"] * len(idx),
+            }
+        )
 
     def telemetry(self) -> pl.DataFrame:
         """Per-GPU DCGM-style rows for every live replica's GPUs since the last call."""
@@ -112,19 +134,29 @@ class ObservationStream:
         gtype = np.array(["H100", "A100"])[rt.hw.g_type[g]]
         model = np.array([m for m, _ in rt.pool_keys])[rt.rep.pool[logs.tel_rep[rows]]]
         kvcap = 80 * 1024  # MiB per GPU
-        return pl.DataFrame({
-            "schema_version": ["1"] * len(rows),
-            "event_at": _ts(self.start, logs.tel_t[rows]), "arrived_at": _ts(self.start, logs.tel_t[rows]),
-            "site": [self.site] * len(rows),
-            "hostname": [f"{self.site}-{t.lower()}-n{nd:02d}" for t, nd in zip(gtype, node, strict=True)],
-            "gpu": g % GPUS_PER_NODE, "uuid": [f"GPU-{self.site}-{x:04d}" for x in g], "modelName": gtype,
-            "replica_id": [f"{self.site}-r{r}" for r in logs.tel_rep[rows]], "model_name": model,
-            "DCGM_FI_DEV_POWER_USAGE": power, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": cum,
-            "DCGM_FI_DEV_SM_CLOCK": logs.tel_clock[rows], "DCGM_FI_DEV_GPU_UTIL": logs.tel_util[rows] * 100.0,
-            "DCGM_FI_DEV_FB_USED": np.round(kvcap * (0.5 + 0.4 * logs.tel_kv[rows])),
-            "DCGM_FI_DEV_GPU_TEMP": logs.tel_temp[rows], "num_requests_running": logs.tel_running[rows],
-            "num_requests_waiting": logs.tel_waiting[rows], "kv_cache_usage_perc": logs.tel_kv[rows],
-        })
+        return pl.DataFrame(
+            {
+                "schema_version": ["1"] * len(rows),
+                "event_at": _ts(self.start, logs.tel_t[rows]),
+                "arrived_at": _ts(self.start, logs.tel_t[rows]),
+                "site": [self.site] * len(rows),
+                "hostname": [f"{self.site}-{t.lower()}-n{nd:02d}" for t, nd in zip(gtype, node, strict=True)],
+                "gpu": g % GPUS_PER_NODE,
+                "uuid": [f"GPU-{self.site}-{x:04d}" for x in g],
+                "modelName": gtype,
+                "replica_id": [f"{self.site}-r{r}" for r in logs.tel_rep[rows]],
+                "model_name": model,
+                "DCGM_FI_DEV_POWER_USAGE": power,
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": cum,
+                "DCGM_FI_DEV_SM_CLOCK": logs.tel_clock[rows],
+                "DCGM_FI_DEV_GPU_UTIL": logs.tel_util[rows] * 100.0,
+                "DCGM_FI_DEV_FB_USED": np.round(kvcap * (0.5 + 0.4 * logs.tel_kv[rows])),
+                "DCGM_FI_DEV_GPU_TEMP": logs.tel_temp[rows],
+                "num_requests_running": logs.tel_running[rows],
+                "num_requests_waiting": logs.tel_waiting[rows],
+                "kv_cache_usage_perc": logs.tel_kv[rows],
+            }
+        )
 
     def fleet_events(self) -> pl.DataFrame:
         rt, logs = self.rt, self.rt.logs
@@ -133,21 +165,39 @@ class ObservationStream:
         self._ev_cursor = n
         rep = logs.ev_rep[lo:n]
         pool = rt.rep.pool[rep]
-        return pl.DataFrame({
-            "schema_version": ["1"] * len(rep),
-            "event_at": _ts(self.start, logs.ev_t[lo:n]), "arrived_at": _ts(self.start, logs.ev_t[lo:n]),
-            "site": [self.site] * len(rep), "replica_id": [f"{self.site}-r{r}" for r in rep],
-            "model": [rt.pool_keys[p][0] for p in pool], "gpu_type": [rt.pool_keys[p][1] for p in pool],
-            "kind": [_EVENT_KINDS[k] for k in logs.ev_kind[lo:n]], "tp": rt.pools.tp[pool],
-            "precision": [_PRECISIONS[int(rt.pools.prec[p])] for p in pool],
-            "sm_clock_mhz": rt.pools.clock[pool], "max_batch": rt.pools.max_batch[pool],
-            "hostnames": [[f"{self.site}-{rt.pool_keys[p][1].lower()}-n{int(rt.hw.g_node[max(rt.rep.gpu0[r], 0)]):02d}"]
-                          for p, r in zip(pool, rep, strict=True)],
-        })
+        return pl.DataFrame(
+            {
+                "schema_version": ["1"] * len(rep),
+                "event_at": _ts(self.start, logs.ev_t[lo:n]),
+                "arrived_at": _ts(self.start, logs.ev_t[lo:n]),
+                "site": [self.site] * len(rep),
+                "replica_id": [f"{self.site}-r{r}" for r in rep],
+                "model": [rt.pool_keys[p][0] for p in pool],
+                "gpu_type": [rt.pool_keys[p][1] for p in pool],
+                "kind": [_EVENT_KINDS[k] for k in logs.ev_kind[lo:n]],
+                "tp": rt.pools.tp[pool],
+                "precision": [_PRECISIONS[int(rt.pools.prec[p])] for p in pool],
+                "sm_clock_mhz": rt.pools.clock[pool],
+                "max_batch": rt.pools.max_batch[pool],
+                "hostnames": [
+                    [
+                        f"{self.site}-{rt.pool_keys[p][1].lower()}-n{int(rt.hw.g_node[max(rt.rep.gpu0[r], 0)]):02d}"
+                    ]
+                    for p, r in zip(pool, rep, strict=True)
+                ],
+            }
+        )
 
 
-def met(cls: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, done: np.ndarray, deadline: np.ndarray,
-        requests: pl.DataFrame, idx: np.ndarray) -> np.ndarray:
+def met(
+    cls: np.ndarray,
+    ttft: np.ndarray,
+    tpot: np.ndarray,
+    done: np.ndarray,
+    deadline: np.ndarray,
+    requests: pl.DataFrame,
+    idx: np.ndarray,
+) -> np.ndarray:
     """SLA met per request: interactive TTFT and mean TPOT within SLO; deferrable done by its deadline."""
     ttft_slo = requests["sla_ttft_ms"].fill_null(np.inf).to_numpy()[idx] / 1000.0
     tpot_slo = requests["sla_tpot_ms"].fill_null(np.inf).to_numpy()[idx] / 1000.0
@@ -155,4 +205,3 @@ def met(cls: np.ndarray, ttft: np.ndarray, tpot: np.ndarray, done: np.ndarray, d
     interactive = (ttft <= ttft_slo) & (tpot <= tpot_slo)
     deferrable = done <= deadline
     return finished & np.where(cls == 2, deferrable, interactive)
-

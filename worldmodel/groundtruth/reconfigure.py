@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from worldmodel.groundtruth.engine import enqueue
 from worldmodel.groundtruth.scaler import log_event
-from worldmodel.groundtruth.state import C_LOAD, EV_RECONFIGURED, LOADING
+from worldmodel.groundtruth.state import (
+    C_LOAD,
+    EV_RECONFIGURED,
+    LOADING,
+    Logs,
+    Pools,
+    Queues,
+    Replicas,
+    Requests,
+)
 
 
 @njit(cache=True)
-def reload_replica(rep, pools, req, q, logs, si, r: int, t: float) -> None:
+def reload_replica(
+    rep: Replicas, pools: Pools, req: Requests, q: Queues, logs: Logs, si: np.ndarray, r: int, t: float
+) -> None:
     """Requeue replica r's sequences (recompute later), then hold its GPUs loading the new weights."""
     for k in range(rep.n[r]):
         i = rep.seqs[r, k]

@@ -63,13 +63,22 @@ def run_replay(
     t_wall = time.perf_counter()
     market = workload.window.market
     site = fleet.site(market)
-    window_s = window_s if window_s is not None else (workload.window.end - workload.window.start).total_seconds()
+    window_s = (
+        window_s if window_s is not None else (workload.window.end - workload.window.start).total_seconds()
+    )
     start = workload.window.start
     rt = SiteRuntime(site, workload.requests, physics)
     stream = ObservationStream(rt, start, site.name, workload.prices)
     periods = int(round(window_s / period_s))
-    ctx = PolicyContext(fleet=fleet, markets=(market,), window_start=start, period_s=period_s, periods=periods,
-                        seed=workload.seed, sla=_sla(workload))
+    ctx = PolicyContext(
+        fleet=fleet,
+        markets=(market,),
+        window_start=start,
+        period_s=period_s,
+        periods=periods,
+        seed=workload.seed,
+        sla=_sla(workload),
+    )
     run = RunResult(market, policy.name, workload.seed, workload, rt, 0.0, 0)
     t0 = time.perf_counter()
     plan = policy.start(ctx, workload.history)
@@ -80,8 +89,13 @@ def run_replay(
     n_req = workload.requests.height
     k = 0
     prev_as_of = start
-    kept: dict[str, list[pl.DataFrame]] = {"arrivals": [], "completions": [], "telemetry": [], "fleet_events": [],
-                                           "prices": []}
+    kept: dict[str, list[pl.DataFrame]] = {
+        "arrivals": [],
+        "completions": [],
+        "telemetry": [],
+        "fleet_events": [],
+        "prices": [],
+    }
     while True:
         t_end = (k + 1) * period_s
         rt.advance(t_end)
@@ -93,8 +107,12 @@ def run_replay(
             break
         as_of = start + timedelta(seconds=t_end)
         obs = Observations(
-            as_of=as_of, period_index=k, arrivals=stream.arrivals(t_end), completions=stream.completions(),
-            telemetry=stream.telemetry(), fleet_events=stream.fleet_events(),
+            as_of=as_of,
+            period_index=k,
+            arrivals=stream.arrivals(t_end),
+            completions=stream.completions(),
+            telemetry=stream.telemetry(),
+            fleet_events=stream.fleet_events(),
             prices=stream.prices_published(prev_as_of if k > 1 else None, as_of),
         )
         if keep_observations:
@@ -133,4 +151,3 @@ def _sla(workload: Workload) -> dict[str, dict[str, float | None]]:
         if sub.height:
             out[cls] = {"ttft_ms": sub["sla_ttft_ms"][0], "tpot_ms": sub["sla_tpot_ms"][0]}
     return out
-

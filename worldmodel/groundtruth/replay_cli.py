@@ -26,9 +26,23 @@ from worldmodel.groundtruth.metrics import PROVENANCE, per_period, request_outco
 from worldmodel.groundtruth.replay import RunResult, run_replay
 from worldmodel.groundtruth.runtime import Physics
 
-HEADLINE = ("offered", "completed", "sla_met", "sla_violation_rate", "unfinished", "gp_per_dollar",
-            "tokens_sla_met_per_dollar", "cost_usd", "cost_usd_owned", "gp_per_dollar_owned", "energy_mwh",
-            "energy_share", "gpu_hours", "ttft_p99_ms", "tpot_p99_ms")
+HEADLINE = (
+    "offered",
+    "completed",
+    "sla_met",
+    "sla_violation_rate",
+    "unfinished",
+    "gp_per_dollar",
+    "tokens_sla_met_per_dollar",
+    "cost_usd",
+    "cost_usd_owned",
+    "gp_per_dollar_owned",
+    "energy_mwh",
+    "energy_share",
+    "gpu_hours",
+    "ttft_p99_ms",
+    "tpot_p99_ms",
+)
 
 
 def _csv(s: str) -> list[str]:
@@ -43,11 +57,17 @@ def run(args: argparse.Namespace) -> int:
     seeds = [int(s) for s in _csv(args.seeds)]
     policies = _csv(args.policies)
     start = datetime.fromisoformat(args.start) if args.start else None
-    physics = Physics(fp8_speedup_scale=args.fp8_speedup_scale,
-                      **({"clock_power_exponent": args.clock_power_exponent} if args.clock_power_exponent else {}))
+    physics = Physics(
+        fp8_speedup_scale=args.fp8_speedup_scale,
+        **({"clock_power_exponent": args.clock_power_exponent} if args.clock_power_exponent else {}),
+    )
     fleet = default_fleet(tuple(markets))
-    results: dict[str, Any] = {"schema_version": "1", "config": _config(args, physics), "markets": {},
-                               "provenance": PROVENANCE}
+    results: dict[str, Any] = {
+        "schema_version": "1",
+        "config": _config(args, physics),
+        "markets": {},
+        "provenance": PROVENANCE,
+    }
     db = duckdb.connect(str(out / "replay.duckdb"))
     _reset_tables(db)
     for year in years:
@@ -56,8 +76,16 @@ def run(args: argparse.Namespace) -> int:
             runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
             window = None
             for seed in seeds:
-                wl = build_workload(market, year, rule=args.window_rule, start=start, periods=args.periods,
-                                    period_minutes=args.period_minutes, seed=seed, source=args.source)
+                wl = build_workload(
+                    market,
+                    year,
+                    rule=args.window_rule,
+                    start=start,
+                    periods=args.periods,
+                    period_minutes=args.period_minutes,
+                    seed=seed,
+                    source=args.source,
+                )
                 window = wl.window
                 for name in policies:
                     res = _one(wl, name, fleet, args, physics, key, seed)
@@ -70,8 +98,13 @@ def run(args: argparse.Namespace) -> int:
                         _emit(out / "observations" / key / name / f"seed{seed}", res)
             assert window is not None
             results["markets"][key] = {
-                "window": {"start": window.start.isoformat(), "end": window.end.isoformat(),
-                           "mean_price_usd_mwh": window.mean_price_usd_mwh, "rule": window.rule, "year": year},
+                "window": {
+                    "start": window.start.isoformat(),
+                    "end": window.end.isoformat(),
+                    "mean_price_usd_mwh": window.mean_price_usd_mwh,
+                    "rule": window.rule,
+                    "year": year,
+                },
                 "policies": {p: _aggregate(v) for p, v in runs.items()},
             }
             _oracle_gap(results["markets"][key])
@@ -82,13 +115,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one(wl: Workload, name: str, fleet: Any, args: argparse.Namespace, physics: Physics, key: str,
-         seed: int) -> RunResult:
+def _one(
+    wl: Workload, name: str, fleet: Any, args: argparse.Namespace, physics: Physics, key: str, seed: int
+) -> RunResult:
     policy = create(name)
     bar = tqdm(desc=f"{key} {name} seed {seed}", unit="period", disable=args.no_progress, leave=False)
     try:
-        return run_replay(wl, policy, fleet, period_s=args.period_minutes * 60.0, physics=physics,
-                          keep_observations=args.emit_observations, on_period=lambda _k: bar.update(1))
+        return run_replay(
+            wl,
+            policy,
+            fleet,
+            period_s=args.period_minutes * 60.0,
+            physics=physics,
+            keep_observations=args.emit_observations,
+            on_period=lambda _k: bar.update(1),
+        )
     finally:
         bar.close()
 
@@ -99,7 +140,8 @@ def _decision_stats(res: RunResult) -> dict[str, Any]:
     regrets = [r["regret"] for r in recs if r.get("regret") is not None]
     evals = [r["candidates_evaluated"] for r in recs if r.get("candidates_evaluated") is not None]
     return {
-        "decisions": len(ms), "fallbacks": sum(1 for r in recs if r.get("fallback")),
+        "decisions": len(ms),
+        "fallbacks": sum(1 for r in recs if r.get("fallback")),
         "evals_per_decision_median": statistics.median(evals) if evals else None,
         "regret_mean": float(np.mean(regrets)) if regrets else None,
         "regret_zero_share": float(np.mean([r <= 1e-12 for r in regrets])) if regrets else None,
@@ -115,9 +157,17 @@ def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "seed":
             vals = [s[k] for s in per_seed if s.get(k) is not None]
             out[k] = float(np.mean(vals)) if vals else None
-    out["classes"] = {c: {k: float(np.mean([s["classes"][c][k] for s in per_seed if s["classes"][c].get(k)
-                                             is not None] or [np.nan]))
-                          for k in first["classes"][c]} for c in first["classes"]}
+    out["classes"] = {
+        c: {
+            k: float(
+                np.mean(
+                    [s["classes"][c][k] for s in per_seed if s["classes"][c].get(k) is not None] or [np.nan]
+                )
+            )
+            for k in first["classes"][c]
+        }
+        for c in first["classes"]
+    }
     for k in ("gp_per_dollar", "gp_per_dollar_owned"):
         out[f"{k}_min"] = min(s[k] for s in per_seed)
         out[f"{k}_max"] = max(s[k] for s in per_seed)
@@ -141,22 +191,35 @@ def _store(db: duckdb.DuckDBPyConnection, res: RunResult, key: str) -> None:
     periods = per_period(res).with_columns(pl.lit(key).alias("market"))
     o = request_outcomes(res)
     req = res.runtime.req
-    requests = pl.DataFrame({
-        "market": key, "policy": res.policy, "seed": res.seed,
-        "request_id": res.workload.requests["request_id"],
-        "request_class": np.array(["code", "chat", "batch"])[o["cls"]],
-        "arrival_s": req.arrival, "ttft_s": o["ttft_s"], "tpot_s": o["tpot_s"], "done_s": req.done,
-        "output_tokens": req.out, "cached_input_tokens": req.cached, "sla_met": o["sla_met"],
-        "unfinished": ~o["done"],
-    })
+    requests = pl.DataFrame(
+        {
+            "market": key,
+            "policy": res.policy,
+            "seed": res.seed,
+            "request_id": res.workload.requests["request_id"],
+            "request_class": np.array(["code", "chat", "batch"])[o["cls"]],
+            "arrival_s": req.arrival,
+            "ttft_s": o["ttft_s"],
+            "tpot_s": o["tpot_s"],
+            "done_s": req.done,
+            "output_tokens": req.out,
+            "cached_input_tokens": req.cached,
+            "sla_met": o["sla_met"],
+            "unfinished": ~o["done"],
+        }
+    )
     classes = requests.group_by("market", "policy", "seed", "request_class").agg(
-        pl.len().alias("offered"), pl.col("sla_met").sum().alias("sla_met"),
-        pl.col("unfinished").sum().alias("unfinished"), pl.col("ttft_s").quantile(0.99).alias("ttft_p99_s"),
+        pl.len().alias("offered"),
+        pl.col("sla_met").sum().alias("sla_met"),
+        pl.col("unfinished").sum().alias("unfinished"),
+        pl.col("ttft_s").quantile(0.99).alias("ttft_p99_s"),
         pl.col("tpot_s").quantile(0.99).alias("tpot_p99_s"),
     )
     for name, frame in (("periods", periods), ("classes", classes), ("requests", requests)):
         db.register("frame", frame.to_arrow())
-        exists = db.execute(f"SELECT count(*) FROM information_schema.tables WHERE table_name = '{name}'").fetchone()
+        exists = db.execute(
+            f"SELECT count(*) FROM information_schema.tables WHERE table_name = '{name}'"
+        ).fetchone()
         if exists and exists[0]:
             db.execute(f"INSERT INTO {name} SELECT * FROM frame")
         else:
@@ -183,15 +246,21 @@ def print_tables(results: dict[str, Any], basis: str) -> None:
     """One table per market: the headline figures of each policy (mean over seeds)."""
     for key, m in results["markets"].items():
         w = m["window"]
-        print(f"\n{key}: window {w['start']} .. {w['end']}  mean price {w['mean_price_usd_mwh']:.1f} $/MWh"
-              f"  (headline basis: {basis})")
-        hdr = (f"{'policy':<22}{'offered':>9}{'sla_met':>9}{'viol%':>7}{'gp/$':>9}{'gp/$own':>9}{'cost$':>9}"
-               f"{'own$':>9}{'E MWh':>7}{'E share':>8}{'GPU-h':>8}{'ttft99':>8}{'tpot99':>8}")
+        print(
+            f"\n{key}: window {w['start']} .. {w['end']}  mean price {w['mean_price_usd_mwh']:.1f} $/MWh"
+            f"  (headline basis: {basis})"
+        )
+        hdr = (
+            f"{'policy':<22}{'offered':>9}{'sla_met':>9}{'viol%':>7}{'gp/$':>9}{'gp/$own':>9}{'cost$':>9}"
+            f"{'own$':>9}{'E MWh':>7}{'E share':>8}{'GPU-h':>8}{'ttft99':>8}{'tpot99':>8}"
+        )
         print(hdr)
         for name, p in m["policies"].items():
-            print(f"{name:<22}{p['offered']:>9.0f}{p['sla_met']:>9.0f}{100 * p['sla_violation_rate']:>7.2f}"
-                  f"{p['gp_per_dollar']:>9.1f}{p['gp_per_dollar_owned']:>9.1f}{p['cost_usd']:>9.0f}"
-                  f"{p['cost_usd_owned']:>9.0f}{p['energy_mwh']:>7.2f}{p['energy_share']:>8.3f}"
-                  f"{p['gpu_hours']:>8.1f}{(p['ttft_p99_ms'] or 0):>8.0f}{(p['tpot_p99_ms'] or 0):>8.0f}")
+            print(
+                f"{name:<22}{p['offered']:>9.0f}{p['sla_met']:>9.0f}{100 * p['sla_violation_rate']:>7.2f}"
+                f"{p['gp_per_dollar']:>9.1f}{p['gp_per_dollar_owned']:>9.1f}{p['cost_usd']:>9.0f}"
+                f"{p['cost_usd_owned']:>9.0f}{p['energy_mwh']:>7.2f}{p['energy_share']:>8.3f}"
+                f"{p['gpu_hours']:>8.1f}{(p['ttft_p99_ms'] or 0):>8.0f}{(p['tpot_p99_ms'] or 0):>8.0f}"
+            )
         if "oracle_gap" in m:
             print(f"oracle gap: {m['oracle_gap']:.3%}")

@@ -24,13 +24,15 @@ from worldmodel.groundtruth.state import (
     MAX_BATCH,
     S_THROTTLE,
     S_TOKEN_BUDGET,
+    Replicas,
+    Requests,
 )
 
 BLOCK_TOKENS = 512
 
 
 @njit(cache=True)
-def slowdown(rep, r: int, sf) -> tuple:
+def slowdown(rep: Replicas, r: int, sf: np.ndarray) -> tuple:
     """Hidden multipliers (compute-bound, memory-bound) from node variation, thermal state and power cap."""
     thermal = 1.0 + max(0.0, rep.heat[r] - 0.75) * 0.4  # up to +10% when hot
     throttle = sf[S_THROTTLE]
@@ -40,7 +42,9 @@ def slowdown(rep, r: int, sf) -> tuple:
 
 
 @njit(cache=True)
-def iteration_time(rep, r: int, sf, n_dec: int, kv_tokens: float, p_tok: float, p_attn: float) -> float:
+def iteration_time(
+    rep: Replicas, r: int, sf: np.ndarray, n_dec: int, kv_tokens: float, p_tok: float, p_attn: float
+) -> float:
     """Wall time (s) of one iteration with n_dec decode sequences and p_tok prefill tokens."""
     c = rep.coef[r]
     compute, memory = slowdown(rep, r, sf)
@@ -50,7 +54,7 @@ def iteration_time(rep, r: int, sf, n_dec: int, kv_tokens: float, p_tok: float, 
 
 
 @njit(cache=True)
-def cache_lookup(rep, r: int, req, i: int) -> int:
+def cache_lookup(rep: Replicas, r: int, req: Requests, i: int) -> int:
     """Leading prefix blocks of request i resident in replica r's cache."""
     off = req.pfx_off[i]
     m = 0
@@ -63,7 +67,7 @@ def cache_lookup(rep, r: int, req, i: int) -> int:
 
 
 @njit(cache=True)
-def cache_insert(rep, r: int, req, i: int) -> None:
+def cache_insert(rep: Replicas, r: int, req: Requests, i: int) -> None:
     off = req.pfx_off[i]
     for b in range(req.pfx_len[i]):
         blk = req.pfx_blocks[off + b]
@@ -71,7 +75,7 @@ def cache_insert(rep, r: int, req, i: int) -> None:
 
 
 @njit(cache=True)
-def join(rep, r: int, req, i: int, t: float) -> None:
+def join(rep: Replicas, r: int, req: Requests, i: int, t: float) -> None:
     """Add request i to replica r's running set (it takes part from the next iteration)."""
     k = rep.n[r]
     rep.seqs[r, k] = i
@@ -92,7 +96,7 @@ def join(rep, r: int, req, i: int, t: float) -> None:
 
 
 @njit(cache=True)
-def has_room(rep, r: int, max_batch: int, req, i: int) -> bool:
+def has_room(rep: Replicas, r: int, max_batch: int, req: Requests, i: int) -> bool:
     """Free batch slot and KV (95% watermark) for request i's prompt."""
     if rep.n[r] >= max_batch or rep.n[r] >= MAX_BATCH:
         return False
@@ -100,7 +104,7 @@ def has_room(rep, r: int, max_batch: int, req, i: int) -> bool:
 
 
 @njit(cache=True)
-def remove_at(rep, r: int, k: int) -> None:
+def remove_at(rep: Replicas, r: int, k: int) -> None:
     """Remove slot k keeping admission order (prefill chunks are handed out first come, first served)."""
     last = rep.n[r] - 1
     for j in range(k, last):
@@ -111,7 +115,7 @@ def remove_at(rep, r: int, k: int) -> None:
 
 
 @njit(cache=True)
-def plan_step(rep, r: int, req, sf, t: float, edf: bool) -> float:
+def plan_step(rep: Replicas, r: int, req: Requests, sf: np.ndarray, t: float, edf: bool) -> float:
     """Compose the next iteration of replica r at time t; return its end time (inf when idle).
 
     Mixed iteration if any active sequence has prompt left to prefill, else a decode jump to the next
@@ -180,7 +184,7 @@ def plan_step(rep, r: int, req, sf, t: float, edf: bool) -> float:
 
 
 @njit(cache=True)
-def truncate_jump(rep, r: int, t: float) -> float:
+def truncate_jump(rep: Replicas, r: int, t: float) -> float:
     """Cut replica r's decode jump at the first step boundary after t; return the new end time."""
     k = rep.jump_k[r]
     if k <= 1 or rep.stepping[r] == 0:
@@ -198,7 +202,9 @@ def truncate_jump(rep, r: int, t: float) -> float:
 
 
 @njit(cache=True)
-def finish_step(rep, r: int, req, t: float, completed: np.ndarray, n_completed: np.ndarray) -> int:
+def finish_step(
+    rep: Replicas, r: int, req: Requests, t: float, completed: np.ndarray, n_completed: np.ndarray
+) -> int:
     """Apply the effects of replica r's iteration or jump ending at t; return completions."""
     k_steps = rep.jump_k[r]
     n_done = 0
@@ -237,7 +243,7 @@ def finish_step(rep, r: int, req, t: float, completed: np.ndarray, n_completed: 
 
 
 @njit(cache=True)
-def preempt_if_full(rep, r: int, req) -> int:
+def preempt_if_full(rep: Replicas, r: int, req: Requests) -> int:
     """Preempt the newest sequences while KV use exceeds capacity; return the first preempted id or -1.
 
     Preempted requests keep their generated tokens and recompute their context when readmitted (vLLM's

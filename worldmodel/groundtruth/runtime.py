@@ -18,13 +18,26 @@ from worldmodel.physics import COEFF_FIELDS, node_overhead_w, step_coefficients
 MODELS = ("llama-3.1-8b", "llama-3.1-70b")
 CLASSES = ("code", "chat", "batch")
 _COEF_NAMES = (
-    "base_s", "per_seq_s", "per_kv_token_s", "per_prefill_token_s", "per_prefill_attn_s",
-    "kv_capacity_tokens", "weights_load_s", "idle_power_w", "max_power_w",
+    "base_s",
+    "per_seq_s",
+    "per_kv_token_s",
+    "per_prefill_token_s",
+    "per_prefill_attn_s",
+    "kv_capacity_tokens",
+    "weights_load_s",
+    "idle_power_w",
+    "max_power_w",
 )
-_ROUTING = {Routing.PREFIX_LOAD: st.RT_PREFIX_LOAD, Routing.LEAST_LOAD: st.RT_LEAST_LOAD,
-            Routing.ROUND_ROBIN: st.RT_ROUND_ROBIN}
-_ADMISSION = {BatchAdmission.IMMEDIATE: st.ADM_IMMEDIATE, BatchAdmission.PRESSURE: st.ADM_PRESSURE,
-              BatchAdmission.HOLD: st.ADM_HOLD}
+_ROUTING = {
+    Routing.PREFIX_LOAD: st.RT_PREFIX_LOAD,
+    Routing.LEAST_LOAD: st.RT_LEAST_LOAD,
+    Routing.ROUND_ROBIN: st.RT_ROUND_ROBIN,
+}
+_ADMISSION = {
+    BatchAdmission.IMMEDIATE: st.ADM_IMMEDIATE,
+    BatchAdmission.PRESSURE: st.ADM_PRESSURE,
+    BatchAdmission.HOLD: st.ADM_HOLD,
+}
 
 
 @dataclass(frozen=True)
@@ -58,8 +71,13 @@ def _hardware(site: Site, fleet_seed: int) -> st.Hardware:
     rng = np.random.default_rng(fleet_seed)
     speed = np.clip(rng.normal(1.0, 0.06, node), 0.85, 1.15)
     n_gpu = len(g_type)
-    return st.Hardware(np.array(g_type, np.int64), np.array(g_node, np.int64), np.full(n_gpu, -1, np.int64),
-                       speed, np.array(node_type, np.int64))
+    return st.Hardware(
+        np.array(g_type, np.int64),
+        np.array(g_node, np.int64),
+        np.full(n_gpu, -1, np.int64),
+        speed,
+        np.array(node_type, np.int64),
+    )
 
 
 class SiteRuntime:
@@ -73,7 +91,9 @@ class SiteRuntime:
     fleet_seed : seed of the hidden per-node speed variation (the same hardware for every policy).
     """
 
-    def __init__(self, site: Site, requests: pl.DataFrame, physics: Physics | None = None, fleet_seed: int = 7):
+    def __init__(
+        self, site: Site, requests: pl.DataFrame, physics: Physics | None = None, fleet_seed: int = 7
+    ):
         self.site = site
         self.physics = physics or Physics()
         self.requests = requests
@@ -90,11 +110,23 @@ class SiteRuntime:
         blocks = requests["prefix_block_ids"].explode().drop_nulls().to_numpy().astype(np.int64)
         i8 = np.int64
         self.req = st.Requests(
-            arrival, cls.astype(i8), model.astype(i8), requests["input_tokens"].to_numpy().astype(i8),
-            requests["output_tokens"].to_numpy().astype(i8), deadline.astype(np.float64), pfx_off, pfx_len,
+            arrival,
+            cls.astype(i8),
+            model.astype(i8),
+            requests["input_tokens"].to_numpy().astype(i8),
+            requests["output_tokens"].to_numpy().astype(i8),
+            deadline.astype(np.float64),
+            pfx_off,
+            pfx_len,
             blocks if blocks.size else np.zeros(1, i8),
-            np.full(n, -1, i8), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan),
-            np.zeros(n, i8), np.zeros(n, i8), np.zeros(n, i8), np.zeros(n, i8),
+            np.full(n, -1, i8),
+            np.full(n, np.nan),
+            np.full(n, np.nan),
+            np.full(n, np.nan),
+            np.zeros(n, i8),
+            np.zeros(n, i8),
+            np.zeros(n, i8),
+            np.zeros(n, i8),
         )
         self.hw = _hardware(site, fleet_seed)
         self.pool_keys: list[tuple[str, str]] = [(m, g.gpu) for m in MODELS for g in site.groups]
@@ -111,28 +143,60 @@ class SiteRuntime:
             np.array([mdl_idx[m] for m, _ in self.pool_keys], i8),
             np.array([GPU_INDEX[GpuType(g)] for _, g in self.pool_keys], i8),
             np.array([DEFAULT_TP[(m, GpuType(g))] for m, g in self.pool_keys], i8),
-            np.zeros(n_pool, i8), np.zeros(n_pool, i8), np.full(n_pool, 256, i8),
-            np.zeros(n_pool), np.zeros(n_pool), np.zeros(n_pool, i8), np.zeros((n_pool, st.N_COEF)),
-            np.arange(n_pool, dtype=i8), np.array(slot_lo, i8), np.array(slot_hi, i8),
+            np.zeros(n_pool, i8),
+            np.zeros(n_pool, i8),
+            np.full(n_pool, 256, i8),
+            np.zeros(n_pool),
+            np.zeros(n_pool),
+            np.zeros(n_pool, i8),
+            np.zeros((n_pool, st.N_COEF)),
+            np.arange(n_pool, dtype=i8),
+            np.array(slot_lo, i8),
+            np.array(slot_hi, i8),
             np.zeros((n_pool, 20), i8),
         )
         rep_pool = np.zeros(n_rep, i8)
         for p in range(n_pool):
-            rep_pool[slot_lo[p]:slot_hi[p]] = p
+            rep_pool[slot_lo[p] : slot_hi[p]] = p
         mb = st.MAX_BATCH
         self.rep = st.Replicas(
-            rep_pool, np.zeros(n_rep, i8), np.zeros(n_rep), np.zeros(n_rep, i8), np.ones(n_rep), np.zeros(n_rep),
-            np.zeros((n_rep, st.N_COEF)), np.zeros(n_rep, i8), np.zeros(n_rep, i8), np.zeros((n_rep, mb), i8),
-            np.zeros((n_rep, mb), i8), np.zeros((n_rep, mb), i8), np.zeros(n_rep, i8), np.zeros(n_rep, i8),
-            np.zeros(n_rep), np.zeros(n_rep), np.zeros(n_rep, i8), np.zeros(n_rep, i8), np.zeros(n_rep),
-            np.zeros(n_rep), np.full((n_rep, st.CACHE_SLOTS), -1, i8), np.zeros(n_rep), np.full(n_rep, -1, i8),
-            np.zeros(n_rep), np.zeros(n_rep), np.zeros(n_rep),
+            rep_pool,
+            np.zeros(n_rep, i8),
+            np.zeros(n_rep),
+            np.zeros(n_rep, i8),
+            np.ones(n_rep),
+            np.zeros(n_rep),
+            np.zeros((n_rep, st.N_COEF)),
+            np.zeros(n_rep, i8),
+            np.zeros(n_rep, i8),
+            np.zeros((n_rep, mb), i8),
+            np.zeros((n_rep, mb), i8),
+            np.zeros((n_rep, mb), i8),
+            np.zeros(n_rep, i8),
+            np.zeros(n_rep, i8),
+            np.zeros(n_rep),
+            np.zeros(n_rep),
+            np.zeros(n_rep, i8),
+            np.zeros(n_rep, i8),
+            np.zeros(n_rep),
+            np.zeros(n_rep),
+            np.full((n_rep, st.CACHE_SLOTS), -1, i8),
+            np.zeros(n_rep),
+            np.full(n_rep, -1, i8),
+            np.zeros(n_rep),
+            np.zeros(n_rep),
+            np.zeros(n_rep),
         )
         n_models = len(MODELS)
         cap = max(n, 1) * 2
-        self.q = st.Queues(np.zeros((n_models, cap), i8), np.full(n_models, n, i8), np.full(n_models, n, i8),
-                           np.zeros((n_models, max(n, 1)), i8), np.zeros((n_models, max(n, 1))),
-                           np.zeros(n_models, i8))
+        self.q = st.Queues(
+            np.zeros((n_models, cap), i8),
+            np.full(n_models, n, i8),
+            np.full(n_models, n, i8),
+            np.zeros((n_models, max(n, 1)), i8),
+            np.zeros((n_models, max(n, 1))),
+            np.zeros(n_models, i8),
+        )
         self.heap = empty_heap(1 << 21)
         self.logs = st.alloc_logs(n, n_rep * 64, 1 << 16, 4096)
         self.sf = np.zeros(st.N_FSCALARS)
@@ -210,8 +274,20 @@ class SiteRuntime:
     def advance(self, t_end: float) -> None:
         """Run the compiled engine to t_end (s since window start)."""
         ht, hr, hv = self.heap
-        run_until(self.rep, self.pools, self.req, self.q, self.hw, self.logs, self.sf, self.si, ht, hr, hv,
-                  float(t_end))
+        run_until(
+            self.rep,
+            self.pools,
+            self.req,
+            self.q,
+            self.hw,
+            self.logs,
+            self.sf,
+            self.si,
+            ht,
+            hr,
+            hv,
+            float(t_end),
+        )
 
     def pending(self) -> int:
         """Requests arrived but not done."""

@@ -22,8 +22,8 @@ from worldmodel.groundtruth.state import (
     OFF,
     S_ADMISSION,
     S_AS_TARGET,
-    S_AUTOSCALE,
     S_AS_TICK,
+    S_AUTOSCALE,
     S_GAMMA,
     S_LOAD_POWER_FRAC,
     S_NODE_OVERHEAD_A100,
@@ -31,6 +31,12 @@ from worldmodel.groundtruth.state import (
     S_POWER_CAP,
     S_THROTTLE,
     WARM,
+    Hardware,
+    Logs,
+    Pools,
+    Queues,
+    Replicas,
+    Requests,
 )
 
 TEL_DT = 10.0
@@ -40,7 +46,7 @@ WAITING_PER_REPLICA = 5.0  # KEDA threshold on vllm:num_requests_waiting (REFERE
 
 
 @njit(cache=True)
-def log_event(logs, t: float, r: int, kind: int) -> None:
+def log_event(logs: Logs, t: float, r: int, kind: int) -> None:
     k = logs.n_ev[0]
     if k < logs.ev_t.shape[0]:
         logs.ev_t[k] = t
@@ -50,7 +56,7 @@ def log_event(logs, t: float, r: int, kind: int) -> None:
 
 
 @njit(cache=True)
-def allocate_gpus(hw, gpu_type: int, tp: int, r: int) -> int:
+def allocate_gpus(hw: Hardware, gpu_type: int, tp: int, r: int) -> int:
     """First-fit an aligned block of tp free GPUs of a type on one node; return the first GPU or -1."""
     g = 0
     n = hw.g_type.shape[0]
@@ -70,7 +76,7 @@ def allocate_gpus(hw, gpu_type: int, tp: int, r: int) -> int:
 
 
 @njit(cache=True)
-def start_replica(rep, pools, hw, logs, p: int, t: float) -> bool:
+def start_replica(rep: Replicas, pools: Pools, hw: Hardware, logs: Logs, p: int, t: float) -> bool:
     for r in range(pools.slot_lo[p], pools.slot_hi[p]):
         if rep.state[r] == OFF:
             g0 = allocate_gpus(hw, pools.gpu[p], pools.tp[p], r)
@@ -94,7 +100,7 @@ def start_replica(rep, pools, hw, logs, p: int, t: float) -> bool:
 
 
 @njit(cache=True)
-def stop_replica(rep, hw, logs, r: int, t: float) -> None:
+def stop_replica(rep: Replicas, hw: Hardware, logs: Logs, r: int, t: float) -> None:
     g0 = rep.gpu0[r]
     if g0 >= 0:
         for g in range(hw.g_owner.shape[0]):
@@ -108,7 +114,7 @@ def stop_replica(rep, hw, logs, r: int, t: float) -> None:
 
 
 @njit(cache=True)
-def pool_count(rep, pools, p: int) -> int:
+def pool_count(rep: Replicas, pools: Pools, p: int) -> int:
     c = 0
     for r in range(pools.slot_lo[p], pools.slot_hi[p]):
         if rep.state[r] == WARM or rep.state[r] == LOADING:
@@ -117,7 +123,7 @@ def pool_count(rep, pools, p: int) -> int:
 
 
 @njit(cache=True)
-def drain_one(rep, pools, hw, logs, p: int, t: float) -> None:
+def drain_one(rep: Replicas, pools: Pools, hw: Hardware, logs: Logs, p: int, t: float) -> None:
     """Mark the least-busy replica of pool p draining (loading ones are stopped at once)."""
     best = -1
     best_n = 1 << 30
@@ -135,11 +141,13 @@ def drain_one(rep, pools, hw, logs, p: int, t: float) -> None:
 
 
 @njit(cache=True)
-def model_demand(rep, pools, req, q, si, m: int) -> tuple:
-    """(replicas warm or loading, warm replicas, warm batch slots, running, kv used, kv capacity, waiting) for model m.
+def model_demand(rep: Replicas, pools: Pools, req: Requests, q: Queues, si: np.ndarray, m: int) -> tuple:
+    """Demand of model m: (replicas warm or loading, warm replicas, warm batch slots, running, kv used,
+    kv capacity, waiting, prefill share).
 
-    running counts sequences past their first token; pfill sums the replicas' prefill compute share; waiting counts queued requests plus those admitted but
-    not yet past prefill (what vLLM reports as num_requests_waiting), and released deferrable work."""
+    running counts sequences past their first token; pfill sums the replicas' prefill compute share;
+    waiting counts queued requests plus those admitted but not yet past prefill (vLLM's
+    num_requests_waiting), and released deferrable work."""
     current = 0
     slots = 0.0
     running = 0.0
@@ -173,7 +181,17 @@ def model_demand(rep, pools, req, q, si, m: int) -> tuple:
 
 
 @njit(cache=True)
-def autoscale_tick(rep, pools, req, q, hw, logs, sf, si, t: float) -> None:
+def autoscale_tick(
+    rep: Replicas,
+    pools: Pools,
+    req: Requests,
+    q: Queues,
+    hw: Hardware,
+    logs: Logs,
+    sf: np.ndarray,
+    si: np.ndarray,
+    t: float,
+) -> None:
     """HPA-like control per model, then placement of the desired count onto pools by priority."""
     n_models = q.bn.shape[0]
     n_pools = pools.model.shape[0]
@@ -218,7 +236,9 @@ def autoscale_tick(rep, pools, req, q, hw, logs, sf, si, t: float) -> None:
 
 
 @njit(cache=True)
-def place_desired(rep, pools, hw, logs, m: int, desired: int, t: float) -> None:
+def place_desired(
+    rep: Replicas, pools: Pools, hw: Hardware, logs: Logs, m: int, desired: int, t: float
+) -> None:
     """Split a model's desired replicas over its pools: floors, then keep existing, then grow by priority."""
     n_pools = pools.model.shape[0]
     target = np.zeros(n_pools, np.int64)
@@ -250,7 +270,17 @@ def place_desired(rep, pools, hw, logs, m: int, desired: int, t: float) -> None:
 
 
 @njit(cache=True)
-def telemetry_tick(rep, pools, req, q, hw, logs, sf, si, t: float) -> None:
+def telemetry_tick(
+    rep: Replicas,
+    pools: Pools,
+    req: Requests,
+    q: Queues,
+    hw: Hardware,
+    logs: Logs,
+    sf: np.ndarray,
+    si: np.ndarray,
+    t: float,
+) -> None:
     """Sample every live replica (DCGM-style), advance lifecycle and thermal state, run the power-cap loop."""
     site_w = 0.0
     gpus = 0.0
