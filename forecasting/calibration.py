@@ -42,9 +42,17 @@ def interval_offsets(residuals: np.ndarray, horizon: int, adj: dict[int, float],
         qs += [a / 2, 1 - a / 2]
     pad = np.pad(residuals, ((0, 0), (pool, pool)), constant_values=np.nan)
     pooled = np.stack([pad[:, c: c + 2 * pool + 1].ravel() for c in range(width)])
-    if np.min(np.sum(np.isfinite(pooled), axis=1)) < min_n:
+    n = np.sum(np.isfinite(pooled), axis=1)
+    if np.min(n) < min_n:
         return None
-    q = np.nanquantile(pooled, qs, axis=1)  # (4, width)
+    srt = np.sort(pooled, axis=1)  # NaN sort last
+    rows = np.arange(width)
+    q = np.empty((len(qs), width))
+    for i, level in enumerate(qs):  # linear interpolation between order statistics, as numpy's default
+        pos = level * (n - 1)
+        lo = np.floor(pos).astype(int)
+        hi = np.minimum(lo + 1, n - 1)
+        q[i] = srt[rows, lo] + (pos - lo) * (srt[rows, hi] - srt[rows, lo])
     return q[:, cols]
 
 

@@ -4,7 +4,8 @@ Definitions (docs/forecasting.md holds the same as formulas):
 - scale at origin o: mean |y_t - y_{t-s}| over every observed t < o (in-sample seasonal naive MAE, s = season);
 - mase = mean over origins and steps h = 1..H of |y - point| / scale;
 - mase_snaive_day / mase_snaive_week: the same for seasonal naive lag s and lag one week (also only from data
-  known at o); mase_seasonal_naive = the better of the two;
+  known at o); mase_seasonal_naive = the better of the two (the week naive only where it exists for 90% of
+  the scored pairs: a 7-day history leaves it undefined for most arrival origins, and it is then NaN);
 - coverage_80/95: share of (origin, h) whose realized value lies in the interval; width_80/95: mean width
   (series unit).
 """
@@ -42,13 +43,17 @@ class Scores:
         sc = self.scale[m][:, None]
 
         def part(cols: slice) -> dict[str, float]:
-            e, d, w = (a[m][:, cols] for a in (self.err, self.err_day, self.err_week))
-            ok = np.isfinite(e) & np.isfinite(d) & np.isfinite(w)
-            day, week = float(np.mean((d / sc)[ok])), float(np.mean((w / sc)[ok]))
-            mase = float(np.mean((e / sc)[ok]))
+            e, d, w = (a[m][:, cols] / sc for a in (self.err, self.err_day, self.err_week))
+            ok = np.isfinite(e)
+            day = float(np.mean(d[ok & np.isfinite(d)]))
+            # the week naive counts only where it exists for (nearly) every scored pair
+            wk_ok = ok & np.isfinite(w)
+            week = float(np.mean(w[wk_ok])) if wk_ok.sum() >= 0.9 * ok.sum() else float("nan")
+            mase = float(np.mean(e[ok]))
+            best = min(day, week) if np.isfinite(week) else day
             return {
                 "mase": mase, "mase_snaive_day": day, "mase_snaive_week": week,
-                "mase_seasonal_naive": min(day, week), "mase_ratio": mase / min(day, week),
+                "mase_seasonal_naive": best, "mase_ratio": mase / best,
                 "coverage_80": float(np.mean(self.in80[m][:, cols][ok])),
                 "coverage_95": float(np.mean(self.in95[m][:, cols][ok])),
                 "width_80": float(np.mean(self.w80[m][:, cols][ok])),
@@ -56,7 +61,8 @@ class Scores:
             }
 
         out: dict = part(slice(None))
-        out["best_seasonal_naive"] = "lag_day" if out["mase_snaive_day"] <= out["mase_snaive_week"] else "lag_week"
+        week_better = out["mase_snaive_week"] < out["mase_snaive_day"]  # False when the week naive is NaN
+        out["best_seasonal_naive"] = "lag_week" if week_better else "lag_day"
         out["origins"] = int(m.sum())
         chosen = Counter(x for x, keep in zip(self.models, m, strict=True) if keep)
         out["model_chosen"] = chosen.most_common(1)[0][0] if chosen else None

@@ -113,4 +113,5 @@ def names() -> list[str]:
 
 
 def _load_builtin() -> None:
+    import optimizer.aurelius  # noqa: F401  (registers aurelius and its arms)
     import optimizer.baselines  # noqa: F401  (registers production, production-tuned, naive)

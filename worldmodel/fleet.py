@@ -74,9 +74,9 @@ DEFAULT_TP: dict[tuple[str, GpuType], int] = {
 }
 
 
-#: Peak power of one 8-GPU node at full load and maximum clock (W): Splitwise (REFERENCES.md) measured
-#: DGX-H100 10,200 W; DGX-A100 6,500 W (NVIDIA spec sheet figure; modeled).
-NODE_PEAK_W: dict[GpuType, float] = {GpuType.H100: 10_200.0, GpuType.A100: 6_500.0}
+#: Peak draw of one 8-GPU node at full load and maximum clock (W): 8 x GPU TDP (H100 SXM 700 W, A100 SXM
+#: 400 W) plus the non-GPU node power implied by Splitwise's idle servers (REFERENCES.md); modeled.
+NODE_PEAK_W: dict[GpuType, float] = {GpuType.H100: 8 * 700.0 + 2_240.0, GpuType.A100: 8 * 400.0 + 1_100.0}
 #: Site power cap as a share of the whole fleet's peak: binds at maximum clock with every GPU busy.
 POWER_CAP_SHARE = 0.85
 MARKET_REGION: dict[str, str] = {"PJM": "us-east", "ERCOT": "us-central", "CAISO": "us-west"}

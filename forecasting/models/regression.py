@@ -17,15 +17,17 @@ from forecasting.store import SeriesView
 _DAYS = 5
 
 
-def _features(y: np.ndarray, cs: np.ndarray, o: np.ndarray, k: int, s: int, week: int | None) -> np.ndarray:
-    """Design matrix rows for origins `o` (int array) and step `k` (cs: cumsum of y with a leading 0)."""
+def _features(y: np.ndarray, cs: np.ndarray, o: np.ndarray, k: np.ndarray | int, s: int,
+              week: int | None) -> np.ndarray:
+    """Design rows for origins `o` and steps `k` (broadcast together); cs: cumsum of y with a leading 0."""
+    o, k = np.broadcast_arrays(np.asarray(o), np.asarray(k))
     w = max(1, s // 6)
     t = o + k - 1
-    day = t - s * int(np.ceil(k / s))
+    day = t - s * np.ceil(k / s).astype(int)
     cols = [np.ones(len(o)), y[o - 1], (cs[o] - cs[o - w]) / w, y[day]]
     cols.append(np.mean([y[day - d * s] for d in range(_DAYS)], axis=0))
     if week is not None:
-        cols.append(y[t - week * int(np.ceil(k / week))])
+        cols.append(y[t - week * np.ceil(k / week).astype(int)])
     return np.column_stack(cols)
 
 
@@ -94,7 +96,6 @@ class LagRegression(PointModel):
             self._cache.set(view)
         week = self.week if self._use_week else None
         cs = np.concatenate([[0.0], np.cumsum(y)])
-        o = np.array([len(y)])
-        return np.array(
-            [float(_features(y, cs, o, k, self.season, week)[0] @ self._coef[k - 1]) for k in range(1, n + 1)]
-        )
+        k = np.arange(1, n + 1)
+        rows = _features(y, cs, np.full(n, len(y)), k, self.season, week)
+        return np.einsum("ij,ij->i", rows, np.stack(self._coef[:n]))

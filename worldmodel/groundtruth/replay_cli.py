@@ -1,8 +1,13 @@
 """`aurelius replay`: every policy on the bundled data, embedded, no broker.
 
 Writes OUT/results.json (per market and policy, mean over seeds with each seed kept), OUT/replay.duckdb
-(per-period and per-class aggregates, per-request outcomes with their SLA flag) and, with
---emit-observations, the observation stream as Parquet under OUT/observations/.
+(per-period and per-class aggregates, per-request outcomes with their SLA flag), the decision records of
+policies that keep them (the aurelius arms) as the Parquet audit log under OUT/audit/ (query with
+`aurelius audit sql "SELECT ..." --audit-dir OUT/audit`) and, with --emit-observations, the observation
+stream as Parquet under OUT/observations/.
+
+Replay audit ids: sha256("policy|markets|period_start") as live decisions, with the workload seed appended to
+the policy ("aurelius@seed1") so the seeds of one replay keep one row each; the live id stays in the record.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import numpy as np
 import polars as pl
 from tqdm import tqdm
 
-from optimizer.policy import create
+from optimizer.decision_record import decision_id
+from optimizer.wiring import build_policy
 from streams.workload.builder import Workload, build_workload
 from worldmodel.fleet import default_fleet
 from worldmodel.groundtruth.metrics import PROVENANCE, per_period, request_outcomes, summarize
@@ -70,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     }
     db = duckdb.connect(str(out / "replay.duckdb"))
     _reset_tables(db)
+    audit = _audit_store(out / "audit")
     for year in years:
         for market in markets:
             key = market if len(years) == 1 else f"{market}@{year}"
@@ -94,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
                     summary.update(_decision_stats(res))
                     runs[name].append(summary)
                     _store(db, res, key)
+                    _audit(audit, res)
                     if args.emit_observations and res.observations is not None:
                         _emit(out / "observations" / key / name / f"seed{seed}", res)
             assert window is not None
@@ -118,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 def _one(
     wl: Workload, name: str, fleet: Any, args: argparse.Namespace, physics: Physics, key: str, seed: int
 ) -> RunResult:
-    policy = create(name)
+    policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0)
     bar = tqdm(desc=f"{key} {name} seed {seed}", unit="period", disable=args.no_progress, leave=False)
     try:
         return run_replay(
@@ -134,9 +142,31 @@ def _one(
         bar.close()
 
 
+def _audit_store(directory: Path) -> Any:
+    """A fresh Parquet audit log under OUT/audit (files of an earlier replay into the same OUT removed)."""
+    from sinks.audit_store import FILE_GLOB, ParquetAuditStore
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for f in directory.glob(FILE_GLOB):
+        f.unlink()
+    return ParquetAuditStore(directory)
+
+
+def _audit(store: Any, res: RunResult) -> None:
+    """Write one run's decision records to the audit log (one flush per run)."""
+    for rec in res.decisions:
+        at = datetime.fromisoformat(str(rec["period_start"]).replace("Z", "+00:00"))
+        row = dict(rec, live_decision_id=rec["decision_id"], seed=res.seed,
+                   decision_id=decision_id(f"{rec['policy']}@seed{res.seed}", rec["markets"], at))
+        store.add(row)
+    store.flush()
+
+
 def _decision_stats(res: RunResult) -> dict[str, Any]:
-    ms = res.decision_ms
     recs = res.decisions
+    # the decision's own latency (observe -> decide, the regret audit excluded) where the policy records it
+    own = [r["decision_ms"] for r in recs if r.get("decision_ms") is not None]
+    ms = own if own and len(own) == len(res.decision_ms) else res.decision_ms
     regrets = [r["regret"] for r in recs if r.get("regret") is not None]
     evals = [r["candidates_evaluated"] for r in recs if r.get("candidates_evaluated") is not None]
     return {
