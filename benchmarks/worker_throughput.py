@@ -90,7 +90,7 @@ def throughput(bootstrap, n, workdir):
         proc.terminate()
         proc.wait(30)
     moving = [(t, s["counts"]["records_in"]) for t, s in stats if s["counts"]["records_in"] > 0]
-    (t1, c1), (t2, c2) = moving[0], moving[-1]
+    (t1, _), (t2, c2) = moving[0], moving[-1]
     # the first stats line already counts what arrived in the interval before it: extend by one interval
     rate = c2 / (t2 - t1 + 0.25)
     print(f"throughput: {c2} records into the world model at {rate:,.0f} events/s (target >= 20,000)")

@@ -59,7 +59,7 @@ class MarketForecaster:
         self.truth = truth
         season = int(round(86_400 / period_s))
         per = {"step_s": period_s, "season": season, "week": 7 * season, "seed": seed,
-               "max_horizon": max(36, horizon_periods), "source": "trace-derived"}
+               "max_horizon": max(36, horizon_periods), "source": "trace-derived", "calib_window": 48}
         self._series: dict[str, Forecaster] = {
             f"{k}/{c}": PoolForecaster(pool=PERIOD_POOL, **per) for k in KINDS for c in CLASSES
         }

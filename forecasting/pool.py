@@ -113,7 +113,8 @@ class PoolForecaster(Forecaster):
         if scored:
             chosen = min(scored, key=lambda n: (scored[n], n))
         else:  # nothing scored yet: the day-ago naive, else whatever forecasts
-            chosen = next((n for n in ("snaive_day", "seasonal_mean", "recent_mean") if n in points), next(iter(points)))
+            fallback = [n for n in ("snaive_day", "seasonal_mean", "recent_mean") if n in points]
+            chosen = fallback[0] if fallback else next(iter(points))
         adj = hist[-1].adj if hist else {lvl: 0.0 for lvl in LEVELS}
         bands, recent = None, None
         calib = hist[-self.calib_window:]

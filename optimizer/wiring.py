@@ -37,9 +37,10 @@ import numpy as np
 import polars as pl
 
 from optimizer.plan import Plan
+from streams.workload.protocol import PROTOCOL_V1
 from optimizer.policy import History, Observations, Policy, PolicyContext, create
 from worldmodel.cost import CostConfig
-from worldmodel.forecast_types import DisturbanceForecast, PredictedOutcome
+from worldmodel.forecast_types import DisturbanceForecast, Interval, PredictedOutcome
 from worldmodel.forward import ForwardModel
 from worldmodel.selfcal import SelfCalibrator
 from worldmodel.servingmodel import ServingModel
@@ -60,6 +61,7 @@ DEFAULT_REFERENCE = "production-tuned"
 #: Waiting deferrable requests' deadlines handed to the forecast (a quantile sample; count).
 DEADLINE_SAMPLE = 24
 
+_DEFERRABLE_SQL = ", ".join(f"'{c}'" for c in ("code", "chat", "batch") if PROTOCOL_V1.spec(c).deferrable)
 _KIND_OF = {"arrivals": "request_arrival", "completions": "request_completion", "telemetry": "gpu_telemetry",
             "fleet_events": "fleet_event", "prices": "price"}
 
@@ -115,7 +117,8 @@ class WorldStateModel:
         self.state.ingest(batch, ingested_at=obs.as_of)
         start, end = self._last, obs.as_of
         self.state.aggregate_period(start, end)
-        scored, _ = self.cal.observe_frame(period_residuals(self.state, self._prior, start, end), end)
+        residuals = period_residuals(_InteractiveCompletions(self.state), self._prior, start, end)
+        scored, _ = self.cal.observe_frame(residuals, end)
         record(self.state, self.cal, scored, end)
         self._serving = self._prior.with_corrections(self.cal.corrections())
         self._last = end
@@ -154,6 +157,23 @@ class WorldStateModel:
             self.state = None
 
 
+class _InteractiveCompletions:
+    """The state as the residual queries read it, with deferrable completions left out.
+
+    A deferrable request's TTFT includes the time it was deliberately held (minutes to hours), so its
+    least-queued TTFT is no measure of prefill speed; fed to the prefill residual it drives the correction
+    factor up tenfold after a few held periods. Workaround until worldmodel/state/calibration.py filters
+    by class itself: the residual queries see `request_completion` restricted to interactive classes.
+    """
+
+    def __init__(self, state: WorldState) -> None:
+        self.state = state
+
+    def frame(self, sql: str, params: Any = None) -> pl.DataFrame:
+        sub = f"(SELECT * FROM request_completion WHERE request_class NOT IN ({_DEFERRABLE_SQL})) AS rc"
+        return self.state.frame(sql.replace("FROM request_completion", f"FROM {sub}"), params)
+
+
 class _Backlog:
     """Deferrable requests that arrived and have not completed, with their deadlines (from observations)."""
 
@@ -183,19 +203,37 @@ class _Backlog:
 class ForecastingProvider:
     """`ForecastProvider` over forecasting's `MarketForecaster` (one market) plus the observed backlog.
 
+    Two adjustments to the facade's output, both recorded in each forecast's provenance:
+
+    - confidence (what the fallback reads) is the demand forecasters' (arrivals per class); the price
+      forecaster's confidence is kept as `confidence.price`. Price uncertainty already enters the decision
+      through the risk-adjusted price (point + rho x (hi80 - point)) and gp/$_lo, and it is widest exactly in
+      the price spikes the optimizer exists for; gating on it would hand every expensive hour to the fallback.
+    - periods after the replay window (`PolicyContext`: window_start + periods x period_s) get zero arrivals:
+      the benchmark protocol's drain offers no new requests (DESIGN.md "Time"), which every policy is told
+      through the context. Without this the planner would keep capacity for forecast demand that the
+      protocol never sends. `window_end_known=False` turns it off (a live deployment has no drain).
+
     Parameters
     ----------
     horizon_periods : default periods forecast (count).
     truth : oracle only: series name -> (values, step starts) realized (see `MarketForecaster`).
+    window_end_known : apply the protocol's drain (above).
+    window_periods : periods that receive arrivals, when the replay was configured shorter than its context's
+        window (`aurelius replay --periods N`: arrivals for N periods, the run still spans the 3-h window).
     """
 
     oracle = False
 
-    def __init__(self, horizon_periods: int = 12, truth: dict[str, tuple[Any, Any]] | None = None) -> None:
+    def __init__(self, horizon_periods: int = 12, truth: dict[str, tuple[Any, Any]] | None = None,
+                 window_end_known: bool = True, window_periods: int | None = None) -> None:
         self.horizon_periods = horizon_periods
+        self.window_periods = window_periods
         self.truth = truth
+        self.window_end_known = window_end_known
         self.mf: Any = None
         self.backlog = _Backlog()
+        self._window_end: datetime | None = None
 
     def start(self, ctx: PolicyContext, history: History) -> None:
         from forecasting.bundle import MarketForecaster
@@ -204,6 +242,9 @@ class ForecastingProvider:
                                    seed=ctx.seed, truth=self.truth)
         self.mf.start(history, as_of=ctx.window_start)
         self.backlog = _Backlog()
+        periods = self.window_periods or ctx.periods
+        self._window_end = ctx.window_start + timedelta(seconds=periods * ctx.period_s)
+        self.mf.forecast(ctx.window_start, self.horizon_periods)  # warm the models on the history (start-up)
 
     def update(self, obs: Observations) -> None:
         assert self.mf is not None, "start() first"
@@ -212,11 +253,27 @@ class ForecastingProvider:
 
     def forecast(self, as_of: datetime, periods: int) -> tuple[DisturbanceForecast, ...]:
         assert self.mf is not None, "start() first"
-        out = list(self.mf.forecast(as_of, periods))
+        raw = self.mf.forecast(as_of, periods)
+        series = self.mf.last_forecasts
+        demand_conf = [series[f"arrivals/{c}"].confidence for c in ("code", "chat", "batch")
+                       if f"arrivals/{c}" in series]
+        price = series.get("price")
+        out = []
+        for f in raw:
+            drained = self.window_end_known and self._window_end is not None and f.period_start >= self._window_end
+            conf = 1.0 if drained else float(min(demand_conf, default=0.0))
+            prov = {**f.provenance, "confidence": "arrivals forecasters (price: risk-adjusted objective)",
+                    "confidence.facade": f"{f.confidence:.3f}",
+                    "confidence.price": f"{price.confidence:.3f}" if price is not None else "n/a"}
+            demand = f.demand
+            if drained:
+                zero = Interval(0.0, 0.0, 0.0, 0.0, 0.0)
+                demand = tuple(replace(d, arrivals_per_s=zero) for d in f.demand)
+                prov["arrivals"] = "protocol drain: no arrivals after the window"
+            if self.oracle:
+                prov |= {"oracle": "true", "forecast": "oracle (realized future)"}
+            out.append(replace(f, demand=demand, confidence=conf, provenance=prov))
         out[0] = self.backlog.apply(out[0], as_of)
-        if self.oracle:
-            out = [replace(f, provenance={**f.provenance, "oracle": "true", "forecast": "oracle (realized future)"})
-                   for f in out]
         return tuple(out)
 
 
@@ -230,8 +287,9 @@ class OracleForecastProvider(ForecastingProvider):
 
     oracle = True
 
-    def __init__(self, workload: Any, period_s: float = 300.0, horizon_periods: int = 12) -> None:
-        super().__init__(horizon_periods, realized_series(workload, period_s))
+    def __init__(self, workload: Any, period_s: float = 300.0, horizon_periods: int = 12,
+                 window_periods: int | None = None) -> None:
+        super().__init__(horizon_periods, realized_series(workload, period_s), window_periods=window_periods)
 
 
 def realized_series(workload: Any, period_s: float) -> dict[str, tuple[np.ndarray, list[datetime]]]:
@@ -265,7 +323,7 @@ def realized_series(workload: Any, period_s: float) -> dict[str, tuple[np.ndarra
 
 
 def build_policy(name: str, workload: Any = None, seed: int = 0, reference: str = DEFAULT_REFERENCE,
-                 period_s: float = 300.0, **kwargs: Any) -> Policy:
+                 period_s: float = 300.0, window_periods: int | None = None, **kwargs: Any) -> Policy:
     """A ready-to-run policy by name: references via the registry, aurelius arms with the real adapters.
 
     Parameters
@@ -276,6 +334,7 @@ def build_policy(name: str, workload: Any = None, seed: int = 0, reference: str 
     seed : workload seed, recorded with each decision.
     reference : the Pareto reference of the aurelius arms (default the strongest, production-tuned).
     period_s : control period (s), for the oracle's realized series.
+    window_periods : periods that receive arrivals (`aurelius replay --periods`; None: the whole window).
     kwargs : further `AureliusPolicy` settings (e.g. audit=False).
     """
     if name not in AURELIUS_ARMS:
@@ -287,8 +346,8 @@ def build_policy(name: str, workload: Any = None, seed: int = 0, reference: str 
     if arm.get("oracle"):
         if workload is None:
             raise ValueError("the oracle arm needs the workload (its realized future)")
-        provider: ForecastingProvider = OracleForecastProvider(workload, period_s, horizon)
+        provider: ForecastingProvider = OracleForecastProvider(workload, period_s, horizon, window_periods)
     else:
-        provider = ForecastingProvider(horizon)
+        provider = ForecastingProvider(horizon, window_periods=window_periods)
     return AureliusPolicy(name=name, reference=reference, seed=seed, forecast_provider=provider,
                           world_model=WorldStateModel(), **arm, **kwargs)

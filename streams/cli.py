@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default="production,production-tuned,naive", help="comma-separated policies")
     p.add_argument("--seeds", default="0", help="comma-separated workload seeds")
     p.add_argument("--cost-basis", choices=("rented", "owned"), default="rented", help="headline cost basis")
+    p.add_argument(
+        "--sites", choices=("one", "three"), default="one",
+        help="one: a site per market; three: one shared workload served by a site in every market (residency)",
+    )  # fmt: skip
     p.add_argument("--emit-observations", action="store_true", help="write the observation stream under OUT/")
     p.add_argument(
         "--fp8-speedup-scale", type=float, default=1.0, help="sensitivity: scale the modeled FP8 gain"

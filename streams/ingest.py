@@ -14,6 +14,7 @@ then records, so neither loses a record.
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 
 import polars as pl
 
-from streams.records import wire_to_frame
+from streams.records import frame_schema
 from worldmodel.state.migrations import RAW_KINDS
 from worldmodel.state.store import WorldState
 
@@ -30,6 +31,20 @@ from worldmodel.state.store import WorldState
 IDEMPOTENCY_KEYS: dict[str, tuple[str, ...]] = {kind: raw.key for kind, raw in RAW_KINDS.items()}
 
 COUNTERS = ("records_in", "processed", "dead_letters", "late", "duplicates", "skipped_redelivered")
+
+
+def frame_from_json(kind: str, values: list[bytes]) -> pl.DataFrame:
+    """A typed frame of `kind` from validated JSON values, parsed in bulk (polars NDJSON reader).
+
+    Same result as `streams.records.wire_to_frame` on the decoded dicts, about 10x faster.
+    """
+    schema = frame_schema(kind)
+    text = {n: pl.String if isinstance(d, pl.Datetime) else d for n, d in schema.items()}
+    df = pl.read_ndjson(io.BytesIO(b"\n".join(values)), schema=text)
+    return df.with_columns(
+        pl.col(n).str.to_datetime(time_unit="us", time_zone="UTC") for n, d in schema.items()
+        if isinstance(d, pl.Datetime)
+    )
 
 
 def record_key(kind: str, record: dict[str, Any]) -> str:
@@ -61,12 +76,12 @@ class IngestBatch:
 
     rows : columns of `ROW_SCHEMA` (kind, key, event_at, period_index, decision_period, late, payload,
         topic, partition, offset).
-    records : kind -> the validated wire records, for the world model.
+    records : kind -> the validated records' raw JSON values, for the world model.
     state : the state after the batch.
     """
 
     rows: pl.DataFrame
-    records: dict[str, list[dict[str, Any]]]
+    records: dict[str, list[bytes]]
     state: WorkerState
 
 
@@ -149,7 +164,7 @@ class DuckDBIngestor:
 
     def commit(self, batch: IngestBatch) -> int:
         if batch.records:
-            frames = {k: wire_to_frame(k, rows, validate=False) for k, rows in batch.records.items() if rows}
+            frames = {k: frame_from_json(k, rows) for k, rows in batch.records.items() if rows}
             self.world.ingest(frames, {tp: o + 1 for tp, o in batch.state.positions.items()})
         con = self.con
         con.execute("BEGIN TRANSACTION").fetchall()

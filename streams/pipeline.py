@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 import polars as pl
 
@@ -101,7 +100,7 @@ class Pipeline:
         dlq = self.topics.dead_letters.name
         dead: list[Outbound] = []
         rows: dict[str, list[object]] = {k: [] for k in ROW_SCHEMA}
-        records_by_kind: dict[str, list[dict[str, Any]]] = {}
+        records_by_kind: dict[str, list[bytes]] = {}
         for msg in records:
             pos = (msg.topic, msg.partition)
             if msg.offset <= st.positions.get(pos, -1):
@@ -119,7 +118,7 @@ class Pipeline:
                 dead.append(dead_letter(msg, exc, dlq))
                 counts["dead_letters"] += 1
                 continue
-            records_by_kind.setdefault(kind, []).append(record)
+            records_by_kind.setdefault(kind, []).append(msg.value)
             tick = self.clock.observe(at)
             counts["processed"] += 1
             if tick.late:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from optimizer.plan import BatchAdmission, Ordering, Plan, PoolPlan
 from streams.workload.protocol import PROTOCOL_V1, Protocol
 from worldmodel import cost
+from worldmodel.fleet import GPUS_PER_NODE as _GPUS_PER_NODE
+from worldmodel.fleet import default_fleet
 from worldmodel.forecast_types import ClassDemand, ClassOutcome, DisturbanceForecast, PredictedOutcome
 from worldmodel.servingmodel import (
     PoolConfig,
@@ -40,8 +42,6 @@ from worldmodel.servingmodel import (
 from worldmodel.snapshot import FleetSnapshot
 
 _RHO_MAX = 0.98
-#: chunked-prefill token budget per iteration (vLLM max_num_batched_tokens; modeled)
-CHUNK_TOKENS = 4096
 _SCENARIOS = ("point", "lo80", "hi80", "hi95")
 
 
@@ -94,7 +94,10 @@ class ForwardModel:
     serving_model : the planner's roofline model (its corrections are replaced by the snapshot's).
     cost_config : operator cost configuration (worldmodel/cost.py).
     protocol : classes, models and SLAs (default protocol v1).
-    idle_power : count the site's unused GPUs at idle power in energy (True) or only the plan's GPUs.
+    idle_power : count the site's unassigned GPUs at idle power (False, the default: a GPU that hosts no
+        replica is powered down with its node; every node hosting a replica draws its non-GPU overhead).
+    inventory : GPUs per (site, gpu type) (count); replicas beyond it cannot be placed (default: the
+        operator's fleet inventory, worldmodel.fleet.default_fleet).
     """
 
     def __init__(
@@ -102,12 +105,14 @@ class ForwardModel:
         serving_model: ServingModel,
         cost_config: cost.CostConfig,
         protocol: Protocol = PROTOCOL_V1,
-        idle_power: bool = True,
+        idle_power: bool = False,
+        inventory: Mapping[tuple[str, str], int] | None = None,
     ) -> None:
         self.serving_model = serving_model
         self.cost_config = cost_config
         self.protocol = protocol
         self.idle_power = idle_power
+        self.inventory = dict(inventory) if inventory is not None else _default_inventory()
 
     def evaluate(
         self, snapshot: FleetSnapshot, plan: Plan, forecast: DisturbanceForecast
@@ -162,9 +167,11 @@ class ForwardModel:
         cfg = PoolConfig(p.gpu, p.model, p.tp, p.precision, clock_or_max(p.gpu, p.sm_clock_mhz))
         state = snap.pool(p.key)
         load_s = sm.load_s(cfg)
-        chunk_s = sm.prefill_s(cfg, CHUNK_TOKENS)
+        chunk_s = sm.prefill_s(cfg, sm.priors.chunk_tokens)
         if state is None:
-            return _Pool(p, cfg, 0, 0, load_s, (), chunk_s)
+            # no fleet state at all (nothing observed yet): the plan's floors are taken to be in place
+            current = p.replica_floor if not snap.pools else 0
+            return _Pool(p, cfg, current, 0, load_s, (), chunk_s)
         left = tuple(max(load_s - e, 0.0) for e in state.loading_elapsed_s)
         reloads = state.warm + state.loading if state.precision != p.precision else 0
         return _Pool(p, cfg, state.warm + state.loading, reloads, load_s, left, chunk_s)
@@ -184,15 +191,20 @@ class ForwardModel:
         cvs = (cv, cv * snap.risk_band) if hi else (cv,)  # the band widens the spread, pessimistically
         out = _Scenario()
         by_model: dict[str, list[ClassDemand]] = {}
+        for p in pools:
+            by_model.setdefault(p.plan.model, [])
         for d in fc.demand:
             by_model.setdefault(d.model, []).append(d)
         power_w = 0.0
         gpus_used: dict[tuple[str, str], float] = {}
         gpu_hours: dict[str, float] = {}
+        free = dict(self.inventory)
         for model, demands in by_model.items():
             mpools = [p for p in pools if p.plan.model == model]
+            if not mpools:
+                continue
             load, batch_info = self._model_load(snap, plan, fc, demands, scenario, mpools, sm)
-            res = self._serve_model(sm, plan, mpools, load, T)
+            res = self._serve_model(sm, plan, mpools, load, T, free)
             out.cold_starts += sum(
                 max(math.ceil(r.replicas) - p.current, 0) for p, r in zip(mpools, res, strict=True)
             )
@@ -204,6 +216,8 @@ class ForwardModel:
                 key = (p.plan.site, p.plan.gpu)
                 gpus_used[key] = gpus_used.get(key, 0.0) + r.replicas * p.plan.tp
                 gpu_hours[p.plan.gpu] = gpu_hours.get(p.plan.gpu, 0.0) + r.replicas * p.plan.tp * T / 3600.0
+        for (_site, gpu), n in gpus_used.items():  # every node hosting a replica draws its overhead
+            power_w += math.ceil(n / _GPUS_PER_NODE - 1e-9) * sm.node_overhead_w(gpu)
         if self.idle_power:
             for (site, gpu), n in snap.gpus.items():
                 idle = max(n - gpus_used.get((site, gpu), 0.0), 0.0)
@@ -282,34 +296,79 @@ class ForwardModel:
         return 1.0 / (t_pf + load.n_out * sm.decode_step_s(p.cfg, b_cap, ctx) / b_cap)
 
     def _serve_model(
-        self, sm: ServingModel, plan: Plan, pools: list[_Pool], load: _Load, T: float
+        self,
+        sm: ServingModel,
+        plan: Plan,
+        pools: list[_Pool],
+        load: _Load,
+        T: float,
+        free: dict[tuple[str, str], int],
     ) -> list[_PoolResult]:
         lam = load.lam_i + load.lam_b
         mus = [self._mu_replica(sm, p, load) for p in pools]
-        weights = [
-            m * (p.plan.replica_ceiling if plan.autoscale else p.plan.replica_floor)
-            for m, p in zip(mus, pools, strict=True)
-        ]
+        counts = self._place(plan, pools, mus, lam, free)
+        weights = [m * n for m, n in zip(mus, counts, strict=True)]
         total = sum(weights)
         return [
             self._serve_pool(
                 sm,
                 plan,
                 p,
+                n,
                 mu_r,
                 lam * w / total if total > 0 else 0.0,
                 load,
                 load.q0 * w / total if total > 0 else 0.0,
                 T,
             )
-            for p, mu_r, w in zip(pools, mus, weights, strict=True)
+            for p, n, mu_r, w in zip(pools, counts, mus, weights, strict=True)
         ]
+
+    @staticmethod
+    def _place(
+        plan: Plan, pools: list[_Pool], mus: list[float], lam: float, free: dict[tuple[str, str], int]
+    ) -> list[int]:
+        """Replicas per pool of one model, as the runtime's autoscaler places them (count).
+
+        The model's desired count is what keeps the replicas at the autoscale target (no scale-down inside
+        the period: the 300 s stabilization window spans it), clamped to the plan's summed floor and
+        ceiling; it is split floors first, then existing replicas, then growth in the plan's pool order,
+        each pool within its ceiling and the GPUs left of its type (the inventory).
+        """
+        floors = [p.plan.replica_floor for p in pools]
+        if plan.autoscale:
+            mu_pref = mus[0] if mus else 0.0
+            need = math.ceil(lam / max(plan.autoscale_target * mu_pref, 1e-12)) if lam > 0 else 0
+            desired = max(need, sum(p.current for p in pools))
+            desired = min(max(desired, sum(floors)), sum(p.plan.replica_ceiling for p in pools))
+        else:
+            desired = sum(floors)
+        counts = [0] * len(pools)
+
+        def grow(k: int, upto: int) -> None:
+            nonlocal desired
+            p = pools[k].plan
+            room = free.get((p.site, p.gpu), 0) // max(p.tp, 1)
+            add = max(min(upto - counts[k], room, desired), 0)
+            counts[k] += add
+            desired -= add
+            free[(p.site, p.gpu)] = free.get((p.site, p.gpu), 0) - add * p.tp
+
+        for k in range(len(pools)):
+            grow(k, floors[k])
+        for k, p in enumerate(pools):
+            grow(k, min(p.plan.replica_ceiling, max(p.current, floors[k])) if plan.autoscale else floors[k])
+        if plan.autoscale:
+            for k, p in enumerate(pools):
+                grow(k, p.plan.replica_ceiling)
+        return counts
 
     def _serve_pool(
         self,
         sm: ServingModel,
         plan: Plan,
         p: _Pool,
+        n: int,
         mu_r: float,
         lam: float,
         load: _Load,
@@ -317,11 +376,6 @@ class ForwardModel:
         T: float,
     ) -> _PoolResult:
         pp = p.plan
-        if plan.autoscale:
-            need = math.ceil(lam / max(plan.autoscale_target * mu_r, 1e-12)) if lam > 0 else 0
-            n = min(max(need, p.current, pp.replica_floor), pp.replica_ceiling)
-        else:
-            n = pp.replica_floor
         # replica-seconds not serving: new replicas loading, in-flight loads, precision reloads (rolling)
         starting = max(n - p.current, 0)
         lost = starting * min(p.load_s + 15.0, T) + sum(min(x, T) for x in p.loading_left_s)
@@ -340,7 +394,7 @@ class ForwardModel:
             b = min(max(lam_r * (t_pf + load.n_out * t_dec / (1.0 - rho_pf)), 1.0), b_cap)
         t_dec = sm.decode_step_s(p.cfg, b, ctx)
         # prefill is served in chunks that share iterations with decode: each chunk also waits one decode step
-        s = t_pf * (1.0 + t_dec / p.chunk_s)
+        s = t_pf + max(1.0, load.n_in / sm.priors.chunk_tokens) * t_dec
         c = max(serving, 1.0)
         rho = min(max(lam_r * s, lam_r / mu_r), _RHO_MAX)
         if plan.ordering == Ordering.EDF and load.lam_b > 0:  # batch prefill yields to interactive deadlines
@@ -349,7 +403,7 @@ class ForwardModel:
         theta = s * (1.0 + load.size_cv**2) / 2.0 / (c * (1.0 - rho))
         in_flight = lam_r * (t_pf + load.n_out * t_dec / (1.0 - rho_pf))
         busy = 1.0 - math.exp(-in_flight)  # P(at least one sequence in flight), Poisson occupancy
-        act = sm.activity(busy, min(lam_r * t_pf / busy, 1.0) if busy > 0 else 0.0, b, pp.max_batch)
+        act = sm.activity_from_util(100.0 * busy)  # the proxy power is calibrated against (DCGM GPU_UTIL)
         power = pp.tp * (
             serving * sm.gpu_power_w(pp.gpu, p.cfg.sm_clock_mhz, act)
             + loading * sm.gpu_power_w(pp.gpu, p.cfg.sm_clock_mhz, 0.1)
@@ -447,6 +501,11 @@ def _urgent_share(deadlines_s: tuple[float, ...], T: float) -> float:
     if not deadlines_s:
         return 0.0
     return sum(1.0 for x in deadlines_s if x <= 2.0 * T) / len(deadlines_s)
+
+
+def _default_inventory() -> dict[tuple[str, str], int]:
+    """GPUs per (site, gpu type) of the operator's default fleet (count)."""
+    return {(s.name, str(g.gpu)): s.gpus(g.gpu) for s in default_fleet().sites for g in s.groups}
 
 
 def _by_gpu(gpus: Mapping[tuple[str, str], int]) -> dict[str, int]:

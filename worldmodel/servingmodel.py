@@ -85,6 +85,9 @@ class Priors:
     load_fixed_s : container/engine start time on top of weight loading (s).
     power_clock_exponent : dynamic power ~ (clock / max)^exponent.
     decode_activity, prefill_activity : share of dynamic power drawn while decoding / prefilling (0-1).
+    chunk_tokens : prefill tokens per iteration (vLLM max_num_batched_tokens, the serving config; tokens).
+    node_idle_w : idle power of one 8-GPU server per GPU type (W; Splitwise, REFERENCES.md): the node's
+        non-GPU overhead is this minus eight idle GPUs, drawn by every node that hosts a live replica.
     """
 
     decode_roofline_ratio: float = 2.2
@@ -98,6 +101,8 @@ class Priors:
     power_clock_exponent: float = 2.0
     decode_activity: float = 0.35
     prefill_activity: float = 0.9
+    chunk_tokens: int = 2048
+    node_idle_w: dict[str, float] = field(default_factory=lambda: {"H100": 2800.0, "A100": 1500.0})
     provenance: Provenance = Provenance.MODELED
 
 
@@ -105,8 +110,9 @@ class Priors:
 class Corrections:
     """Multiplicative correction factors fitted from observations (1.0 = the prior).
 
-    decode, prefill : observed / predicted step time per (gpu, model); power : observed / predicted GPU power
-    per gpu; step_cv : coefficient of variation of step time across nodes and requests (from residuals).
+    decode, prefill : observed / predicted step time per (gpu, model); power : observed / predicted dynamic
+    (above idle) GPU power per gpu; step_cv : coefficient of variation of step time across nodes and
+    requests (from residuals).
     """
 
     decode: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -215,7 +221,7 @@ class ServingModel:
         return self.priors.load_fixed_s + m.params * BYTES_PER_PARAM[cfg.precision] / self.priors.load_bytes_s
 
     def gpu_power_w(self, gpu: str, sm_clock_mhz: float, activity: float) -> float:
-        """Board power of one GPU (W): idle + activity x clock-scaled dynamic part, x fitted factor.
+        """Board power of one GPU (W): idle + activity x clock-scaled dynamic part x fitted factor, <= TDP.
 
         Parameters
         ----------
@@ -224,9 +230,22 @@ class ServingModel:
         activity : share of the dynamic range in use (0-1); :meth:`activity` maps load to it.
         """
         g = GPU_SPECS[gpu]
+        dyn = self.dynamic_power_w(gpu, sm_clock_mhz, activity) * self.corrections.power.get(gpu, 1.0)
+        return min(g.idle_w + dyn, g.tdp_w)
+
+    def dynamic_power_w(self, gpu: str, sm_clock_mhz: float, activity: float) -> float:
+        """Uncorrected power above idle of one GPU (W) at an activity (0-1) and SM clock (MHz)."""
+        g = GPU_SPECS[gpu]
         clock = min(max(sm_clock_mhz, 1.0) / g.max_clock_mhz, 1.0)
-        dyn = (g.tdp_w - g.idle_w) * min(max(activity, 0.0), 1.0) * clock**self.priors.power_clock_exponent
-        return (g.idle_w + dyn) * self.corrections.power.get(gpu, 1.0)
+        return (g.tdp_w - g.idle_w) * min(max(activity, 0.0), 1.0) * clock**self.priors.power_clock_exponent
+
+    def idle_power_w(self, gpu: str) -> float:
+        """Idle board power of one GPU (W, datasheet)."""
+        return GPU_SPECS[gpu].idle_w
+
+    def node_overhead_w(self, gpu: str) -> float:
+        """Non-GPU power of one powered 8-GPU node (W): server idle power - 8 idle GPUs (modeled)."""
+        return max(self.priors.node_idle_w.get(gpu, 0.0) - 8.0 * GPU_SPECS[gpu].idle_w, 0.0)
 
     def activity(self, busy: float, prefill_share: float, batch: float, max_batch: float) -> float:
         """Dynamic-power activity (0-1) of a replica busy `busy` of the time, prefilling `prefill_share`.

@@ -3,7 +3,14 @@ batching, no autoscaling, deferrable work run at once (DESIGN.md)."""
 
 from __future__ import annotations
 
-from optimizer.baselines.sizing import mean_sizes, rate_per_class, replicas_for, site_pools
+from optimizer.baselines.sizing import (
+    mean_sizes,
+    rate_per_class,
+    replicas_for,
+    served_sites,
+    site_pools,
+    split_rates,
+)
 from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
 from optimizer.policy import History, Observations, Policy, PolicyContext, register
 
@@ -22,8 +29,10 @@ class NaivePolicy(Policy):
         rates = rate_per_class(history.arrivals_per_minute)
         sizes = mean_sizes(history.size_quantiles)
         pools = []
-        for s in ctx.fleet.sites:
-            floors = replicas_for(rates, sizes, s, max_batch=self.max_batch, utilization=1.0)
+        for s in served_sites(ctx):
+            floors = replicas_for(
+                split_rates(rates, served_sites(ctx)), sizes, s, max_batch=self.max_batch, utilization=1.0
+            )
             for p in site_pools(s, floors=floors, max_batch=self.max_batch):
                 pools.append(p.__class__(**{**p.__dict__, "replica_ceiling": p.replica_floor}))
         self._plan = Plan(

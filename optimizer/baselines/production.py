@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from optimizer.baselines.sizing import mean_sizes, rate_per_class, replicas_for, site_pools
+from optimizer.baselines.sizing import (
+    mean_sizes,
+    rate_per_class,
+    replicas_for,
+    served_sites,
+    site_pools,
+    split_rates,
+)
 from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
 from optimizer.policy import History, Observations, Policy, PolicyContext, register
 
@@ -31,10 +38,12 @@ class ProductionPolicy(Policy):
         sizes = mean_sizes(history.size_quantiles)
         pools = tuple(
             p
-            for s in ctx.fleet.sites
+            for s in served_sites(ctx)
             for p in site_pools(
                 s,
-                floors=replicas_for(rates, sizes, s, max_batch=self.max_batch, utilization=self.target),
+                floors=replicas_for(
+                    split_rates(rates, served_sites(ctx)), sizes, s, max_batch=self.max_batch, utilization=self.target
+                ),
                 max_batch=self.max_batch,
             )
         )

@@ -9,6 +9,7 @@ from datetime import timedelta
 import polars as pl
 
 from optimizer.plan import PoolPlan
+from optimizer.policy import PolicyContext
 from worldmodel.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, Site
 from worldmodel.servingmodel import PoolConfig, ServingModel
 
@@ -69,6 +70,16 @@ def replicas_for(
         per_req = sm.prefill_s(cfg, inp) + out * sm.decode_step_s(cfg, batch, inp + out / 2) / batch
         busy[model] = busy.get(model, 0.0) + rate * per_req
     return {m: max(1, math.ceil(b / utilization)) for m, b in busy.items()}
+
+
+def served_sites(ctx: PolicyContext) -> tuple[Site, ...]:
+    """The sites of the markets this run serves (the fleet may list more)."""
+    return tuple(ctx.fleet.site(m) for m in ctx.markets)
+
+
+def split_rates(rates: dict[str, float], sites: tuple[Site, ...]) -> dict[str, float]:
+    """Each site's even share of the demand (the as-deployed layout spreads load over its sites)."""
+    return {c: r / max(1, len(sites)) for c, r in rates.items()}
 
 
 def site_pools(

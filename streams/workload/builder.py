@@ -30,7 +30,7 @@ SOURCES = ("protocol", "azure", "mooncake")
 #: Rate grid step (s). The shape's knots sit on whole minutes, so the piecewise-linear rate is exact on it.
 GRID_S = 60.0
 #: Independent random streams per seed; history is seeded separately from the window.
-STREAM = {"arrivals": 1, "classes": 2, "offsets": 3, "deadlines": 4, "history": 5}
+STREAM = {"arrivals": 1, "classes": 2, "offsets": 3, "deadlines": 4, "history": 5, "residency": 6}
 TRACE_DERIVED = "trace-derived"
 MODELED = "modeled"
 

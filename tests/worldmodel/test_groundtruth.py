@@ -17,7 +17,6 @@ from optimizer.policy import History, Observations, Policy, PolicyContext, creat
 from streams.workload.builder import REQUEST_SCHEMA, Workload, build_workload
 from worldmodel.cost import CostConfig
 from worldmodel.fleet import default_fleet
-from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.metrics import request_outcomes, summarize
 from worldmodel.groundtruth.observe import met
 from worldmodel.groundtruth.replay import RunResult, run_replay
@@ -70,8 +69,14 @@ def pool(model: str, gpu: str, n: int, *, max_batch: int = 256) -> PoolPlan:
 
 
 def static_plan(*pools: PoolPlan, ordering: Ordering = Ordering.EDF) -> Plan:
-    return Plan(pools=pools, routing=Routing.LEAST_LOAD, ordering=ordering,
-                batch_admission=BatchAdmission.PRESSURE, autoscale=False, label="test: static")
+    return Plan(
+        pools=pools,
+        routing=Routing.LEAST_LOAD,
+        ordering=ordering,
+        batch_admission=BatchAdmission.PRESSURE,
+        autoscale=False,
+        label="test: static",
+    )
 
 
 def hand_frame(rows: list[dict]) -> pl.DataFrame:
@@ -80,12 +85,22 @@ def hand_frame(rows: list[dict]) -> pl.DataFrame:
     for k, r in enumerate(rows):
         cls = r["cls"]
         ttft, tpot = SLA[cls]
-        out.append({
-            "request_id": f"hand-{k}", "arrival_s": r["at"], "request_class": cls, "model": MODEL[cls],
-            "input_tokens": r["inp"], "output_tokens": r["out"], "prefix_block_ids": r.get("blocks", []),
-            "deadline_s": r.get("deadline"), "sla_ttft_ms": ttft, "sla_tpot_ms": tpot,
-            "tenant": f"tenant-{cls}", "allowed_regions": ["us-east"],
-        })
+        out.append(
+            {
+                "request_id": f"hand-{k}",
+                "arrival_s": r["at"],
+                "request_class": cls,
+                "model": MODEL[cls],
+                "input_tokens": r["inp"],
+                "output_tokens": r["out"],
+                "prefix_block_ids": r.get("blocks", []),
+                "deadline_s": r.get("deadline"),
+                "sla_ttft_ms": ttft,
+                "sla_tpot_ms": tpot,
+                "tenant": f"tenant-{cls}",
+                "allowed_regions": ["us-east"],
+            }
+        )
     return pl.DataFrame(out, schema=REQUEST_SCHEMA).sort("arrival_s")
 
 
@@ -181,8 +196,10 @@ def test_energy_and_gpu_hours_reconcile_with_telemetry(prod: tuple[RunResult, Re
     assert tel.height * 10.0 / 3600.0 == pytest.approx(s["gpu_hours"], rel=1e-9)
     assert float(logs.site_gpus[:n_site].sum()) * 10.0 / 3600.0 == pytest.approx(s["gpu_hours"], rel=1e-9)
     # the cumulative DCGM energy counter of each GPU ends at its summed power x 10 s
-    per_gpu = tel.group_by("uuid").agg(pl.col("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION").max().alias("cum"),
-                                       (pl.col("DCGM_FI_DEV_POWER_USAGE").sum() * 1e4).alias("sum"))
+    per_gpu = tel.group_by("uuid").agg(
+        pl.col("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION").max().alias("cum"),
+        (pl.col("DCGM_FI_DEV_POWER_USAGE").sum() * 1e4).alias("sum"),
+    )
     assert np.allclose(per_gpu["cum"], per_gpu["sum"], rtol=1e-9)
 
 
@@ -224,8 +241,9 @@ def test_cost_positive_on_negative_price_window() -> None:
     w = build_workload("CAISO", 2024, start=start, periods=2, seed=0)
     assert w.window.mean_price_usd_mwh < 0
     run = run_replay(w, create("production"), default_fleet(("CAISO",)))
-    prices = w.prices.filter((pl.col("interval_start") >= start)
-                             & (pl.col("interval_start") < start + timedelta(seconds=run.end_s)))
+    prices = w.prices.filter(
+        (pl.col("interval_start") >= start) & (pl.col("interval_start") < start + timedelta(seconds=run.end_s))
+    )
     assert (prices["lmp_usd_mwh"] < 0).all()  # the whole horizon, drain included, is negative-priced
     s = summarize(run)
     assert s["energy_cost_usd"] < 0
@@ -243,8 +261,13 @@ def test_cost_positive_on_negative_price_window() -> None:
 
 
 def _iteration_s(c: object, n_dec: int, kv: float, p_tok: float, p_attn: float) -> float:
-    return (c.base_s + c.per_seq_s * n_dec + c.per_kv_token_s * kv  # type: ignore[attr-defined]
-            + c.per_prefill_token_s * p_tok + c.per_prefill_attn_s * p_attn)  # type: ignore[attr-defined]
+    return (
+        c.base_s
+        + c.per_seq_s * n_dec
+        + c.per_kv_token_s * kv  # type: ignore[attr-defined]
+        + c.per_prefill_token_s * p_tok
+        + c.per_prefill_attn_s * p_attn
+    )  # type: ignore[attr-defined]
 
 
 def _alone(model: str, gpu: str, tp: int, clock: float, inp: int, out: int) -> tuple[float, float]:
@@ -291,8 +314,10 @@ def test_sla_accounting_hand_computed() -> None:
 def test_batch_sla_is_the_deadline() -> None:
     """A deferrable request meets its SLA iff it is done by its deadline, however slow its tokens."""
     plan = static_plan(pool("llama-3.1-70b", "H100", 1))
-    rows = [{"cls": "batch", "inp": 4000, "out": 30, "at": 0.5, "deadline": 1800.0},
-            {"cls": "batch", "inp": 4000, "out": 30, "at": 60.0, "deadline": 60.1}]
+    rows = [
+        {"cls": "batch", "inp": 4000, "out": 30, "at": 0.5, "deadline": 1800.0},
+        {"cls": "batch", "inp": 4000, "out": 30, "at": 60.0, "deadline": 60.1},
+    ]
     rt = hand_runtime(rows, plan)
     rt.advance(300.0)
     o = request_outcomes(SimpleNamespace(runtime=rt))  # type: ignore[arg-type]
@@ -300,14 +325,18 @@ def test_batch_sla_is_the_deadline() -> None:
     assert o["sla_met"].tolist() == [True, False]
     idx = np.arange(2)
     assert met(rt.req.cls, o["ttft_s"], o["tpot_s"], rt.req.done, rt.req.deadline, rt.requests, idx).tolist() == [
-        True, False]
+        True,
+        False,
+    ]
 
 
 def test_edf_orders_deferrable_work_by_deadline_fcfs_by_arrival() -> None:
     """One replica, one batch slot: a long chat request holds it; two batch requests queue behind it."""
-    rows = [{"cls": "chat", "inp": 1000, "out": 400, "at": 0.1},
-            {"cls": "batch", "inp": 500, "out": 5, "at": 0.2, "deadline": 7200.0},  # earlier arrival, later deadline
-            {"cls": "batch", "inp": 500, "out": 5, "at": 0.3, "deadline": 3600.0}]
+    rows = [
+        {"cls": "chat", "inp": 1000, "out": 400, "at": 0.1},
+        {"cls": "batch", "inp": 500, "out": 5, "at": 0.2, "deadline": 7200.0},  # earlier arrival, later deadline
+        {"cls": "batch", "inp": 500, "out": 5, "at": 0.3, "deadline": 3600.0},
+    ]
     order = {}
     for ordering in (Ordering.EDF, Ordering.FCFS):
         plan = static_plan(pool("llama-3.1-70b", "H100", 1, max_batch=1), ordering=ordering)
@@ -327,8 +356,16 @@ def test_arrivals_carry_no_output_length(prod: tuple[RunResult, Recording]) -> N
     assert policy.seen
     for obs in policy.seen:
         assert not any("output" in c for c in obs.arrivals.columns), obs.arrivals.columns
-    assert {"request_id", "request_class", "model", "input_tokens", "prefix_block_ids", "sla_ttft_ms",
-            "sla_tpot_ms", "deadline_at"} <= set(policy.seen[0].arrivals.columns)
+    assert {
+        "request_id",
+        "request_class",
+        "model",
+        "input_tokens",
+        "prefix_block_ids",
+        "sla_ttft_ms",
+        "sla_tpot_ms",
+        "deadline_at",
+    } <= set(policy.seen[0].arrivals.columns)
 
 
 def test_no_future_leakage(prod: tuple[RunResult, Recording]) -> None:
@@ -353,6 +390,5 @@ def test_no_future_leakage(prod: tuple[RunResult, Recording]) -> None:
     done_s = dict(zip(run.workload.requests["request_id"].to_list(), run.runtime.req.done.tolist(), strict=True))
     assert ids and all(not math.isnan(done_s[i]) for i in ids)
     for obs in policy.seen:
-        for rid, at in zip(obs.completions["request_id"].to_list(), obs.completions["event_at"].to_list(),
-                           strict=True):
+        for rid, at in zip(obs.completions["request_id"].to_list(), obs.completions["event_at"].to_list(), strict=True):
             assert abs((at - start).total_seconds() - done_s[rid]) < 1e-3

@@ -96,13 +96,13 @@ def pick_replica(rep: Replicas, pools: Pools, req: Requests, i: int, si: np.ndar
     best_match = 0
     routing = si[S_ROUTING]
     n_rep = rep.n.shape[0]
-    start = si[S_RR] % n_rep if routing != RT_PREFIX_LOAD and routing != RT_LEAST_LOAD else 0
+    start = si[S_RR + m] % n_rep if routing != RT_PREFIX_LOAD and routing != RT_LEAST_LOAD else 0
     for j in range(n_rep):
         r = (start + j) % n_rep
         if rep.state[r] != WARM:
             continue
         p = rep.pool[r]
-        if pools.model[p] != m:
+        if pools.model[p] != m or (req.allowed[i] >> pools.site[p]) & 1 == 0:
             continue
         if not has_room(rep, r, pools.max_batch[p], req, i):
             continue
@@ -122,7 +122,7 @@ def pick_replica(rep: Replicas, pools: Pools, req: Requests, i: int, si: np.ndar
                 best_score = load
                 best = r
         else:
-            si[S_RR] = r + 1
+            si[S_RR + m] = r + 1
             return r
     return best
 

@@ -44,19 +44,33 @@ PROVENANCE = {
 }
 
 
-def hourly_price(run: RunResult, t_s: np.ndarray) -> np.ndarray:
-    """Realized price ($/MWh) of the hour each instant (s since window start) falls in."""
-    prices = run.workload.prices.sort("interval_start")
+def hourly_price(prices: pl.DataFrame, start_ts: float, t_s: np.ndarray) -> np.ndarray:
+    """Realized price ($/MWh) of the hour each instant (s after the UTC epoch second start_ts) falls in."""
+    prices = prices.sort("interval_start")
     starts = prices["interval_start"].dt.epoch("us").to_numpy() / 1e6
     values = prices["lmp_usd_mwh"].to_numpy()
-    ts = run.workload.window.start.timestamp() + t_s
+    ts = start_ts + t_s
     idx = np.searchsorted(starts, ts, side="right") - 1
     if (idx < 0).any():
         raise ValueError("a simulated instant precedes the price series")
     ends = prices["interval_end"].dt.epoch("us").to_numpy() / 1e6
-    if (ts[idx >= 0] >= ends[idx]).any():
+    if (ts >= ends[idx]).any():
         raise ValueError("a simulated instant falls in a price gap; choose another window")
     return values[idx]
+
+
+def site_row_prices(run: RunResult) -> np.ndarray:
+    """Price ($/MWh) of each 10 s site accounting row: its site's market, the hour the energy was drawn in."""
+    logs = run.runtime.logs
+    n = int(logs.n_site[0])
+    t_mid = logs.site_t[:n] - TEL_DT / 2
+    site = logs.site_idx[:n]
+    out = np.empty(n)
+    start_ts = run.workload.window.start.timestamp()
+    for s, prices in enumerate(run.site_prices):
+        mask = site == s
+        out[mask] = hourly_price(prices, start_ts, t_mid[mask])
+    return out
 
 
 def request_outcomes(run: RunResult) -> dict[str, np.ndarray]:
@@ -87,17 +101,19 @@ def summarize(run: RunResult, cost: CostConfig | None = None) -> dict[str, Any]:
     rt, logs = run.runtime, run.runtime.logs
     o = request_outcomes(run)
     n_site = int(logs.n_site[0])
-    site_t = logs.site_t[:n_site]
     it_kw = logs.site_it_w[:n_site] / 1000.0
     hours = TEL_DT / 3600.0
-    price = hourly_price(run, site_t - TEL_DT / 2)
+    price = site_row_prices(run)
     energy_usd = energy_cost_usd(it_kw, hours, price, cost)
     energy_mwh = float((it_kw * cost.pue.value * hours).sum() / 1000.0)
     gpu_hours = _gpu_hours_by_type(run)
     loading_hours = float(logs.site_gpus_loading[:n_site].sum() * hours)
     gpu_usd = gpu_cost_rented_usd(gpu_hours, cost)
     horizon_h = run.end_s / 3600.0
-    fleet_gpus = {str(g.gpu): g.nodes * 8 for g in rt.site.groups}
+    fleet_gpus: dict[str, int] = {}
+    for site in rt.sites:
+        for g in site.groups:
+            fleet_gpus[str(g.gpu)] = fleet_gpus.get(str(g.gpu), 0) + g.nodes * 8
     owned_usd = gpu_cost_owned_usd(fleet_gpus, horizon_h, cost)
     total = gpu_usd + energy_usd
     total_owned = owned_usd + energy_usd
@@ -160,7 +176,7 @@ def _gpu_hours_by_type(run: RunResult) -> dict[str, float]:
     pool = rt.rep.pool[logs.tel_rep[:n]]
     gpus = rt.pools.tp[pool] * TEL_DT / 3600.0
     out = {}
-    for p, (_, g) in enumerate(rt.pool_keys):
+    for p, (_, _, g) in enumerate(rt.pool_keys):
         out[g] = out.get(g, 0.0) + float(gpus[pool == p].sum())
     return out
 
@@ -183,7 +199,7 @@ def per_period(run: RunResult, period_s: float = 300.0) -> pl.DataFrame:
     k_site = ((site_t - 1e-9) // period_s).astype(np.int64)
     n_periods = int(max(k_site.max(initial=0), k_arr.max(initial=0))) + 1
     it_kwh = logs.site_it_w[:n_site] * TEL_DT / 3.6e6
-    price = hourly_price(run, site_t - TEL_DT / 2)
+    price = site_row_prices(run)
     start = run.workload.window.start
     return pl.DataFrame(
         {
@@ -196,7 +212,7 @@ def per_period(run: RunResult, period_s: float = 300.0) -> pl.DataFrame:
             "sla_met": np.bincount(k_arr, weights=o["sla_met"].astype(float), minlength=n_periods),
             "it_energy_kwh": np.bincount(k_site, weights=it_kwh, minlength=n_periods),
             "gpus_mean": np.bincount(k_site, weights=logs.site_gpus[:n_site], minlength=n_periods)
-            / np.maximum(np.bincount(k_site, minlength=n_periods), 1),
+            / np.maximum(np.bincount(k_site, minlength=n_periods) / len(rt.sites), 1),
             "price_usd_mwh": np.bincount(k_site, weights=price, minlength=n_periods)
             / np.maximum(np.bincount(k_site, minlength=n_periods), 1),
         }
@@ -223,7 +239,7 @@ def period_costs(run: RunResult, period_s: float = 300.0, cost: CostConfig | Non
     k_tel = ((logs.tel_t[:n_tel] - 1e-9) // period_s).astype(np.int64)
     n = int(max(k_site.max(initial=-1), k_tel.max(initial=-1))) + 1
     kwh = logs.site_it_w[:n_site] * TEL_DT / 3.6e6 * cost.pue.value
-    usd = kwh * hourly_price(run, site_t - TEL_DT / 2) / 1000.0
+    usd = kwh * site_row_prices(run) / 1000.0
     out: dict[str, Any] = {
         "period": np.arange(n),
         "energy_kwh": np.bincount(k_site, weights=kwh, minlength=n),
@@ -232,8 +248,8 @@ def period_costs(run: RunResult, period_s: float = 300.0, cost: CostConfig | Non
     pool = rt.rep.pool[logs.tel_rep[:n_tel]]
     gpu_h = rt.pools.tp[pool] * TEL_DT / 3600.0
     gpu_usd = np.zeros(n)
-    for g in sorted({g for _, g in rt.pool_keys}):
-        mask = np.isin(pool, [p for p, (_, gg) in enumerate(rt.pool_keys) if gg == g])
+    for g in sorted({g for _, _, g in rt.pool_keys}):
+        mask = np.isin(pool, [p for p, (_, _, gg) in enumerate(rt.pool_keys) if gg == g])
         out[f"gpu_hours_{g}"] = np.bincount(k_tel[mask], weights=gpu_h[mask], minlength=n)
         gpu_usd += out[f"gpu_hours_{g}"] * cost.rented_usd_per_gpu_h[g].value
     out["gpu_usd"] = gpu_usd

@@ -31,6 +31,8 @@ class ObservationStream:
         self.rt = runtime
         self.start = start
         self.site = site_name
+        self.rep_site = np.array([k[0] for k in runtime.pool_keys])[runtime.rep.pool]
+        self.gpu_site = np.array([site.name for site in runtime.sites])[runtime.hw.g_site]
         self.prices = prices.sort("published_at")
         req = runtime.requests
         self._arrival_s = req["arrival_s"].to_numpy()
@@ -84,7 +86,7 @@ class ObservationStream:
         ttft = first - arr
         rep = req.rep[idx]
         pool = rt.rep.pool[np.maximum(rep, 0)]
-        gpu = np.array([g for _, g in rt.pool_keys])[pool]
+        gpu = np.array([g for _, _, g in rt.pool_keys])[pool]
         cls = req.cls[idx]
         sla = met(cls, ttft, tpot, done, req.deadline[idx], rt.requests, idx)
         return pl.DataFrame(
@@ -97,8 +99,8 @@ class ObservationStream:
                 "arrived_at": _ts(self.start, done),
                 "request_class": _CLASSES[cls],
                 "model": rt.requests["model"].gather(idx) if len(idx) else [],
-                "site": [self.site] * len(idx),
-                "replica_id": [f"{self.site}-r{r}" for r in rep],
+                "site": self.rep_site[np.maximum(rep, 0)],
+                "replica_id": [f"{self.rep_site[r]}-r{r}" for r in rep],
                 "gpu_type": gpu,
                 "input_tokens": req.inp[idx],
                 "output_tokens": out_tok,
@@ -123,7 +125,7 @@ class ObservationStream:
         tp = rt.pools.tp[rt.rep.pool[rep]]
         rows = np.repeat(np.arange(lo, n), tp)
         offs = np.concatenate([np.arange(k) for k in tp]) if len(tp) else np.zeros(0, np.int64)
-        g = rt.rep.gpu0[logs.tel_rep[rows]] + offs
+        g = logs.tel_gpu0[rows] + offs  # the GPUs the replica held when sampled
         power = logs.tel_power_w[rows]
         e = power * 10.0 * 1000.0  # mJ over the 10 s sample
         cum = np.zeros_like(e)
@@ -132,19 +134,21 @@ class ObservationStream:
             cum[k] = self.energy_mj[g[k]]
         node = rt.hw.g_node[g]
         gtype = np.array(["H100", "A100"])[rt.hw.g_type[g]]
-        model = np.array([m for m, _ in rt.pool_keys])[rt.rep.pool[logs.tel_rep[rows]]]
+        model = np.array([m for _, m, _ in rt.pool_keys])[rt.rep.pool[logs.tel_rep[rows]]]
         kvcap = 80 * 1024  # MiB per GPU
         return pl.DataFrame(
             {
                 "schema_version": ["1"] * len(rows),
                 "event_at": _ts(self.start, logs.tel_t[rows]),
                 "arrived_at": _ts(self.start, logs.tel_t[rows]),
-                "site": [self.site] * len(rows),
-                "hostname": [f"{self.site}-{t.lower()}-n{nd:02d}" for t, nd in zip(gtype, node, strict=True)],
+                "site": self.gpu_site[g],
+                "hostname": [
+                    f"{s}-{t.lower()}-n{nd:02d}" for s, t, nd in zip(self.gpu_site[g], gtype, node, strict=True)
+                ],
                 "gpu": g % GPUS_PER_NODE,
-                "uuid": [f"GPU-{self.site}-{x:04d}" for x in g],
+                "uuid": [f"GPU-{self.gpu_site[x]}-{x:04d}" for x in g],
                 "modelName": gtype,
-                "replica_id": [f"{self.site}-r{r}" for r in logs.tel_rep[rows]],
+                "replica_id": [f"{self.rep_site[r]}-r{r}" for r in logs.tel_rep[rows]],
                 "model_name": model,
                 "DCGM_FI_DEV_POWER_USAGE": power,
                 "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": cum,
@@ -170,20 +174,18 @@ class ObservationStream:
                 "schema_version": ["1"] * len(rep),
                 "event_at": _ts(self.start, logs.ev_t[lo:n]),
                 "arrived_at": _ts(self.start, logs.ev_t[lo:n]),
-                "site": [self.site] * len(rep),
-                "replica_id": [f"{self.site}-r{r}" for r in rep],
-                "model": [rt.pool_keys[p][0] for p in pool],
-                "gpu_type": [rt.pool_keys[p][1] for p in pool],
+                "site": self.rep_site[rep],
+                "replica_id": [f"{self.rep_site[r]}-r{r}" for r in rep],
+                "model": [rt.pool_keys[p][1] for p in pool],
+                "gpu_type": [rt.pool_keys[p][2] for p in pool],
                 "kind": [_EVENT_KINDS[k] for k in logs.ev_kind[lo:n]],
                 "tp": rt.pools.tp[pool],
                 "precision": [_PRECISIONS[int(rt.pools.prec[p])] for p in pool],
                 "sm_clock_mhz": rt.pools.clock[pool],
                 "max_batch": rt.pools.max_batch[pool],
                 "hostnames": [
-                    [
-                        f"{self.site}-{rt.pool_keys[p][1].lower()}-n{int(rt.hw.g_node[max(rt.rep.gpu0[r], 0)]):02d}"
-                    ]
-                    for p, r in zip(pool, rep, strict=True)
+                    [f"{rt.pool_keys[p][0]}-{rt.pool_keys[p][2].lower()}-n{int(rt.hw.g_node[max(g0, 0)]):02d}"]
+                    for p, g0 in zip(pool, logs.ev_gpu0[lo:n], strict=True)
                 ],
             }
         )

@@ -39,4 +39,4 @@ def reload_replica(
     rep.prec[r] = pools.prec[p]
     rep.state[r] = LOADING
     rep.ready_at[r] = t + pools.coef[p, C_LOAD]
-    log_event(logs, t, r, EV_RECONFIGURED)
+    log_event(logs, t, r, EV_RECONFIGURED, rep.gpu0[r])

@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from optimizer.policy import Observations, Policy, PolicyContext
+from streams.datasets.prices import load_prices
 from streams.workload.builder import Workload
 from worldmodel.fleet import FleetSpec
 from worldmodel.groundtruth.observe import ObservationStream
@@ -33,11 +34,21 @@ class RunResult:
     runtime: SiteRuntime
     end_s: float
     periods: int
+    site_prices: tuple[pl.DataFrame, ...]
     decisions: list[dict[str, Any]] = field(default_factory=list)
     decision_ms: list[float] = field(default_factory=list)
     plans: list[dict[str, Any]] = field(default_factory=list)
     observations: dict[str, list[pl.DataFrame]] | None = None
     wall_s: float = 0.0
+
+
+def _market_prices(workload: Workload, market: str) -> pl.DataFrame:
+    """Price records of a market over the workload's span (its own market's are in the workload)."""
+    if market == workload.window.market:
+        return workload.prices
+    lo, hi = workload.prices["interval_start"].min(), workload.prices["interval_end"].max()
+    years = sorted({lo.year, hi.year})
+    return load_prices(market, years).filter((pl.col("interval_start") >= lo) & (pl.col("interval_end") <= hi))
 
 
 def drain_limit_s(workload: Workload, window_s: float, grace_s: float) -> float:
@@ -58,28 +69,32 @@ def run_replay(
     physics: Physics | None = None,
     keep_observations: bool = False,
     on_period: Callable[[int], None] | None = None,
+    all_sites: bool = False,
 ) -> RunResult:
-    """Replay `workload` at its market's site under `policy`; return the raw run."""
+    """Replay `workload` under `policy` at its market's site, or with all_sites at every site of the fleet
+    (the three-site mode: one shared workload, residency by tenant); return the raw run."""
     t_wall = time.perf_counter()
     market = workload.window.market
-    site = fleet.site(market)
+    sites = fleet.sites if all_sites else (fleet.site(market),)
     window_s = (
         window_s if window_s is not None else (workload.window.end - workload.window.start).total_seconds()
     )
     start = workload.window.start
-    rt = SiteRuntime(site, workload.requests, physics)
-    stream = ObservationStream(rt, start, site.name, workload.prices)
+    rt = SiteRuntime(sites, workload.requests, physics)
+    site_prices = tuple(_market_prices(workload, s.market) for s in sites)
+    prices = pl.concat(site_prices, how="vertical_relaxed")
+    stream = ObservationStream(rt, start, sites[0].name if len(sites) == 1 else "router", prices)
     periods = int(round(window_s / period_s))
     ctx = PolicyContext(
         fleet=fleet,
-        markets=(market,),
+        markets=tuple(s.market for s in sites),
         window_start=start,
         period_s=period_s,
         periods=periods,
         seed=workload.seed,
         sla=_sla(workload),
     )
-    run = RunResult(market, policy.name, workload.seed, workload, rt, 0.0, 0)
+    run = RunResult(market, policy.name, workload.seed, workload, rt, 0.0, 0, site_prices)
     t0 = time.perf_counter()
     plan = policy.start(ctx, workload.history)
     run.decision_ms.append((time.perf_counter() - t0) * 1000.0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from tqdm import tqdm
 from optimizer.decision_record import decision_id
 from optimizer.wiring import build_policy
 from streams.workload.builder import Workload, build_workload
+from streams.workload.residency import assign_residency
 from worldmodel.fleet import default_fleet
 from worldmodel.groundtruth.metrics import PROVENANCE, per_period, request_outcomes, summarize
 from worldmodel.groundtruth.replay import RunResult, run_replay
@@ -77,9 +79,11 @@ def run(args: argparse.Namespace) -> int:
     db = duckdb.connect(str(out / "replay.duckdb"))
     _reset_tables(db)
     audit = _audit_store(out / "audit")
+    # one site per market, or the three-site mode: one shared workload (the first market's window) at every site
+    scenarios = [(m, m, False) for m in markets] if args.sites == "one" else [("three-site", markets[0], True)]
     for year in years:
-        for market in markets:
-            key = market if len(years) == 1 else f"{market}@{year}"
+        for name_, market, all_sites in scenarios:
+            key = name_ if len(years) == 1 else f"{name_}@{year}"
             runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
             window = None
             for seed in seeds:
@@ -93,9 +97,12 @@ def run(args: argparse.Namespace) -> int:
                     seed=seed,
                     source=args.source,
                 )
+                if all_sites:
+                    regions = tuple(site.region for site in fleet.sites)
+                    wl = replace(wl, requests=assign_residency(wl.requests, regions, market, seed=seed))
                 window = wl.window
                 for name in policies:
-                    res = _one(wl, name, fleet, args, physics, key, seed)
+                    res = _one(wl, name, fleet, args, physics, key, seed, all_sites)
                     summary = summarize(res)
                     summary["seed"] = seed
                     summary.update(_decision_stats(res))
@@ -124,9 +131,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _one(
-    wl: Workload, name: str, fleet: Any, args: argparse.Namespace, physics: Physics, key: str, seed: int
+    wl: Workload,
+    name: str,
+    fleet: Any,
+    args: argparse.Namespace,
+    physics: Physics,
+    key: str,
+    seed: int,
+    all_sites: bool,
 ) -> RunResult:
-    policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0)
+    policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0, window_periods=args.periods)
     bar = tqdm(desc=f"{key} {name} seed {seed}", unit="period", disable=args.no_progress, leave=False)
     try:
         return run_replay(
@@ -137,6 +151,7 @@ def _one(
             physics=physics,
             keep_observations=args.emit_observations,
             on_period=lambda _k: bar.update(1),
+            all_sites=all_sites,
         )
     finally:
         bar.close()

@@ -22,7 +22,6 @@ from worldmodel.groundtruth.state import (
     C_SEQ,
     CACHE_SLOTS,
     MAX_BATCH,
-    S_THROTTLE,
     S_TOKEN_BUDGET,
     Replicas,
     Requests,
@@ -32,10 +31,10 @@ BLOCK_TOKENS = 512
 
 
 @njit(cache=True)
-def slowdown(rep: Replicas, r: int, sf: np.ndarray) -> tuple:
+def slowdown(rep: Replicas, r: int) -> tuple:
     """Hidden multipliers (compute-bound, memory-bound) from node variation, thermal state and power cap."""
     thermal = 1.0 + max(0.0, rep.heat[r] - 0.75) * 0.4  # up to +10% when hot
-    throttle = sf[S_THROTTLE]
+    throttle = rep.thr[r]
     compute = rep.speed[r] * thermal / throttle
     memory = rep.speed[r] * (thermal / throttle) ** 0.2
     return compute, memory
@@ -43,11 +42,11 @@ def slowdown(rep: Replicas, r: int, sf: np.ndarray) -> tuple:
 
 @njit(cache=True)
 def iteration_time(
-    rep: Replicas, r: int, sf: np.ndarray, n_dec: int, kv_tokens: float, p_tok: float, p_attn: float
+    rep: Replicas, r: int, n_dec: int, kv_tokens: float, p_tok: float, p_attn: float
 ) -> float:
     """Wall time (s) of one iteration with n_dec decode sequences and p_tok prefill tokens."""
     c = rep.coef[r]
-    compute, memory = slowdown(rep, r, sf)
+    compute, memory = slowdown(rep, r)
     t_mem = c[C_BASE] + c[C_SEQ] * n_dec + c[C_KV] * kv_tokens
     t_cmp = c[C_PTOK] * p_tok + c[C_PATTN] * p_attn
     return t_mem * memory + t_cmp * compute
@@ -165,8 +164,8 @@ def plan_step(rep: Replicas, r: int, req: Requests, sf: np.ndarray, t: float, ed
     rep.step_start[r] = t
     if p_tok > 0.0 or n_dec == 0:
         rep.jump_k[r] = 0
-        dt = iteration_time(rep, r, sf, n_dec, kv_tokens, p_tok, p_attn)
-        rep.step_cmp[r] = dt - iteration_time(rep, r, sf, n_dec, kv_tokens, 0.0, 0.0)
+        dt = iteration_time(rep, r, n_dec, kv_tokens, p_tok, p_attn)
+        rep.step_cmp[r] = dt - iteration_time(rep, r, n_dec, kv_tokens, 0.0, 0.0)
     else:
         # decode jump: k steps, context growing by n_dec tokens per step
         k_steps = max(1, min_left)
@@ -176,8 +175,8 @@ def plan_step(rep: Replicas, r: int, req: Requests, sf: np.ndarray, t: float, ed
         rep.jump_k[r] = k_steps
         rep.step_cmp[r] = 0.0
         c = rep.coef[r]
-        _, memory = slowdown(rep, r, sf)
-        dt0 = iteration_time(rep, r, sf, n_dec, kv_tokens, 0.0, 0.0)
+        _, memory = slowdown(rep, r)
+        dt0 = iteration_time(rep, r, n_dec, kv_tokens, 0.0, 0.0)
         dt = k_steps * dt0 + c[C_KV] * memory * n_dec * k_steps * (k_steps - 1) * 0.5
     rep.step_end[r] = t + dt
     return t + dt

@@ -11,7 +11,7 @@ import polars as pl
 from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
 from worldmodel.fleet import DEFAULT_TP, GPU_INDEX, GPUS_PER_NODE, PRECISION_INDEX, GpuType, Site
 from worldmodel.groundtruth import state as st
-from worldmodel.groundtruth.engine import empty_heap, run_until
+from worldmodel.groundtruth.engine import TEL_DT, empty_heap, run_until
 from worldmodel.groundtruth.reconfigure import reload_replica
 from worldmodel.physics import COEFF_FIELDS, node_overhead_w, step_coefficients
 
@@ -58,153 +58,129 @@ def coef_row(model: str, gpu: str, tp: int, precision: str, clock_mhz: float, ph
     return np.array([arr[COEFF_FIELDS.index(name)] for name in _COEF_NAMES], dtype=np.float64)
 
 
-def _hardware(site: Site, fleet_seed: int) -> st.Hardware:
-    g_type, g_node, node_type = [], [], []
+def _hardware(sites: tuple[Site, ...], fleet_seed: int) -> st.Hardware:
+    g_type, g_node, g_site, node_type, node_site = [], [], [], [], []
     node = 0
-    for grp in site.groups:
-        for _ in range(grp.nodes):
-            node_type.append(GPU_INDEX[GpuType(grp.gpu)])
-            for _g in range(GPUS_PER_NODE):
-                g_type.append(GPU_INDEX[GpuType(grp.gpu)])
-                g_node.append(node)
-            node += 1
+    for s, site in enumerate(sites):
+        for grp in site.groups:
+            for _ in range(grp.nodes):
+                node_type.append(GPU_INDEX[GpuType(grp.gpu)])
+                node_site.append(s)
+                for _g in range(GPUS_PER_NODE):
+                    g_type.append(GPU_INDEX[GpuType(grp.gpu)])
+                    g_node.append(node)
+                    g_site.append(s)
+                node += 1
     rng = np.random.default_rng(fleet_seed)
     speed = np.clip(rng.normal(1.0, 0.06, node), 0.85, 1.15)
-    n_gpu = len(g_type)
+    i8 = np.int64
     return st.Hardware(
-        np.array(g_type, np.int64),
-        np.array(g_node, np.int64),
-        np.full(n_gpu, -1, np.int64),
+        np.array(g_type, i8),
+        np.array(g_node, i8),
+        np.full(len(g_type), -1, i8),
+        np.array(g_site, i8),
         speed,
-        np.array(node_type, np.int64),
+        np.array(node_type, i8),
+        np.array(node_site, i8),
+        np.array([site.power_cap_w for site in sites]),
+        np.ones(len(sites)),
     )
 
 
+def _requests(requests: pl.DataFrame, sites: tuple[Site, ...]) -> st.Requests:
+    n = requests.height
+    i8 = np.int64
+    arrival = requests["arrival_s"].to_numpy().astype(np.float64)
+    cls = requests["request_class"].replace_strict({c: i for i, c in enumerate(CLASSES)}, return_dtype=pl.Int64)
+    model = requests["model"].replace_strict({m: i for i, m in enumerate(MODELS)}, return_dtype=pl.Int64)
+    cls, model = cls.to_numpy().astype(i8), model.to_numpy().astype(i8)
+    ttft = requests["sla_ttft_ms"].fill_null(0.0).to_numpy() / 1000.0
+    deadline = np.where(cls == 2, requests["deadline_s"].fill_null(0.0).to_numpy(), arrival + ttft)
+    pfx_len = requests["prefix_block_ids"].list.len().to_numpy().astype(i8)
+    pfx_off = np.concatenate([[0], np.cumsum(pfx_len)[:-1]]).astype(i8)
+    blocks = requests["prefix_block_ids"].explode().drop_nulls().to_numpy().astype(i8)
+    allowed = np.zeros(n, i8)
+    for s, site in enumerate(sites):
+        allowed |= requests["allowed_regions"].list.contains(site.region).to_numpy().astype(i8) << s
+    return st.Requests(
+        arrival, cls, model, requests["input_tokens"].to_numpy().astype(i8),
+        requests["output_tokens"].to_numpy().astype(i8), deadline.astype(np.float64), pfx_off, pfx_len,
+        blocks if blocks.size else np.zeros(1, i8), allowed,
+        np.full(n, -1, i8), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan),
+        np.zeros(n, i8), np.zeros(n, i8), np.zeros(n, i8), np.zeros(n, i8),
+    )  # fmt: skip
+
+
 class SiteRuntime:
-    """One site serving one request array under successive plans.
+    """One or more sites serving one request array under successive plans.
+
+    With several sites (the three-site mode) every request may run at any site its tenant's allowed
+    regions include; each site has its own power cap and is priced at its own market.
 
     Parameters
     ----------
-    site : the site inventory (GPU nodes, power cap in W).
+    sites : the site inventory (GPU nodes, power cap in W), one Site or a tuple of them.
     requests : the workload frame (workload builder columns; output_tokens is ground truth only).
     physics : sensitivity knobs.
     fleet_seed : seed of the hidden per-node speed variation (the same hardware for every policy).
     """
 
     def __init__(
-        self, site: Site, requests: pl.DataFrame, physics: Physics | None = None, fleet_seed: int = 7
-    ):
-        self.site = site
+        self, sites: Site | tuple[Site, ...], requests: pl.DataFrame, physics: Physics | None = None,
+        fleet_seed: int = 7,
+    ):  # fmt: skip
+        self.sites: tuple[Site, ...] = (sites,) if isinstance(sites, Site) else tuple(sites)
         self.physics = physics or Physics()
         self.requests = requests
         n = requests.height
-        cls_idx = {c: i for i, c in enumerate(CLASSES)}
-        mdl_idx = {m: i for i, m in enumerate(MODELS)}
-        arrival = requests["arrival_s"].to_numpy().astype(np.float64)
-        cls = requests["request_class"].replace_strict(cls_idx, return_dtype=pl.Int64).to_numpy()
-        model = requests["model"].replace_strict(mdl_idx, return_dtype=pl.Int64).to_numpy()
-        ttft = requests["sla_ttft_ms"].fill_null(0.0).to_numpy() / 1000.0
-        deadline = np.where(cls == 2, requests["deadline_s"].fill_null(0.0).to_numpy(), arrival + ttft)
-        pfx_len = requests["prefix_block_ids"].list.len().to_numpy().astype(np.int64)
-        pfx_off = np.concatenate([[0], np.cumsum(pfx_len)[:-1]]).astype(np.int64)
-        blocks = requests["prefix_block_ids"].explode().drop_nulls().to_numpy().astype(np.int64)
         i8 = np.int64
-        self.req = st.Requests(
-            arrival,
-            cls.astype(i8),
-            model.astype(i8),
-            requests["input_tokens"].to_numpy().astype(i8),
-            requests["output_tokens"].to_numpy().astype(i8),
-            deadline.astype(np.float64),
-            pfx_off,
-            pfx_len,
-            blocks if blocks.size else np.zeros(1, i8),
-            np.full(n, -1, i8),
-            np.full(n, np.nan),
-            np.full(n, np.nan),
-            np.full(n, np.nan),
-            np.zeros(n, i8),
-            np.zeros(n, i8),
-            np.zeros(n, i8),
-            np.zeros(n, i8),
-        )
-        self.hw = _hardware(site, fleet_seed)
-        self.pool_keys: list[tuple[str, str]] = [(m, g.gpu) for m in MODELS for g in site.groups]
+        self.req = _requests(requests, self.sites)
+        self.hw = _hardware(self.sites, fleet_seed)
+        mdl_idx = {m: i for i, m in enumerate(MODELS)}
+        #: pools as (site name, model, gpu type)
+        self.pool_keys: list[tuple[str, str, str]] = [
+            (site.name, m, g.gpu) for site in self.sites for m in MODELS for g in site.groups
+        ]
+        site_idx = {site.name: s for s, site in enumerate(self.sites)}
         n_pool = len(self.pool_keys)
         slot_lo, slot_hi, lo = [], [], 0
-        for m, g in self.pool_keys:
-            tp = DEFAULT_TP[(m, GpuType(g))]
-            cap = site.gpus(GpuType(g)) // tp
+        for site_name, m, g in self.pool_keys:
+            cap = self.sites[site_idx[site_name]].gpus(GpuType(g)) // DEFAULT_TP[(m, GpuType(g))]
             slot_lo.append(lo)
             slot_hi.append(lo + cap)
             lo += cap
         n_rep = lo
         self.pools = st.Pools(
-            np.array([mdl_idx[m] for m, _ in self.pool_keys], i8),
-            np.array([GPU_INDEX[GpuType(g)] for _, g in self.pool_keys], i8),
-            np.array([DEFAULT_TP[(m, GpuType(g))] for m, g in self.pool_keys], i8),
-            np.zeros(n_pool, i8),
-            np.zeros(n_pool, i8),
-            np.full(n_pool, 256, i8),
-            np.zeros(n_pool),
-            np.zeros(n_pool),
-            np.zeros(n_pool, i8),
-            np.zeros((n_pool, st.N_COEF)),
-            np.arange(n_pool, dtype=i8),
-            np.array(slot_lo, i8),
-            np.array(slot_hi, i8),
-            np.zeros((n_pool, 20), i8),
-        )
+            np.array([mdl_idx[m] for _, m, _ in self.pool_keys], i8),
+            np.array([GPU_INDEX[GpuType(g)] for _, _, g in self.pool_keys], i8),
+            np.array([DEFAULT_TP[(m, GpuType(g))] for _, m, g in self.pool_keys], i8),
+            np.zeros(n_pool, i8), np.zeros(n_pool, i8), np.full(n_pool, 256, i8), np.zeros(n_pool),
+            np.zeros(n_pool), np.zeros(n_pool, i8), np.zeros((n_pool, st.N_COEF)), np.arange(n_pool, dtype=i8),
+            np.array(slot_lo, i8), np.array(slot_hi, i8), np.zeros((len(MODELS), 20), i8),
+            np.array([site_idx[s] for s, _, _ in self.pool_keys], i8),
+        )  # fmt: skip
         rep_pool = np.zeros(n_rep, i8)
         for p in range(n_pool):
             rep_pool[slot_lo[p] : slot_hi[p]] = p
         mb = st.MAX_BATCH
+        f8z, i8z = (lambda: np.zeros(n_rep)), (lambda: np.zeros(n_rep, i8))
         self.rep = st.Replicas(
-            rep_pool,
-            np.zeros(n_rep, i8),
-            np.zeros(n_rep),
-            np.zeros(n_rep, i8),
-            np.ones(n_rep),
-            np.zeros(n_rep),
-            np.zeros((n_rep, st.N_COEF)),
-            np.zeros(n_rep, i8),
-            np.zeros(n_rep, i8),
-            np.zeros((n_rep, mb), i8),
-            np.zeros((n_rep, mb), i8),
-            np.zeros((n_rep, mb), i8),
-            np.zeros(n_rep, i8),
-            np.zeros(n_rep, i8),
-            np.zeros(n_rep),
-            np.zeros(n_rep),
-            np.zeros(n_rep, i8),
-            np.zeros(n_rep, i8),
-            np.zeros(n_rep),
-            np.zeros(n_rep),
-            np.full((n_rep, st.CACHE_SLOTS), -1, i8),
-            np.zeros(n_rep),
-            np.full(n_rep, -1, i8),
-            np.zeros(n_rep),
-            np.zeros(n_rep),
-            np.zeros(n_rep),
-        )
+            rep_pool, i8z(), f8z(), i8z(), np.ones(n_rep), f8z(), np.zeros((n_rep, st.N_COEF)), i8z(), i8z(),
+            np.zeros((n_rep, mb), i8), np.zeros((n_rep, mb), i8), np.zeros((n_rep, mb), i8), i8z(), i8z(),
+            f8z(), f8z(), i8z(), i8z(), f8z(), f8z(), np.full((n_rep, st.CACHE_SLOTS), -1, i8), f8z(),
+            np.full(n_rep, -1, i8), f8z(), f8z(), f8z(), np.ones(n_rep),
+        )  # fmt: skip
         n_models = len(MODELS)
-        cap = max(n, 1) * 2
         self.q = st.Queues(
-            np.zeros((n_models, cap), i8),
-            np.full(n_models, n, i8),
-            np.full(n_models, n, i8),
-            np.zeros((n_models, max(n, 1)), i8),
-            np.zeros((n_models, max(n, 1))),
-            np.zeros(n_models, i8),
-        )
+            np.zeros((n_models, max(n, 1) * 2), i8), np.full(n_models, n, i8), np.full(n_models, n, i8),
+            np.zeros((n_models, max(n, 1)), i8), np.zeros((n_models, max(n, 1))), np.zeros(n_models, i8),
+        )  # fmt: skip
         self.heap = empty_heap(1 << 21)
         self.logs = st.alloc_logs(n, n_rep * 64, 1 << 16, 4096)
         self.sf = np.zeros(st.N_FSCALARS)
         self.si = np.zeros(st.N_ISCALARS, i8)
         self.sf[st.S_NEXT_TEL] = 10.0
         self.sf[st.S_NEXT_AS] = 15.0
-        self.sf[st.S_THROTTLE] = 1.0
-        self.sf[st.S_POWER_CAP] = site.power_cap_w
         self.sf[st.S_NODE_OVERHEAD_H100] = node_overhead_w("H100")
         self.sf[st.S_NODE_OVERHEAD_A100] = node_overhead_w("A100")
         self.sf[st.S_GAMMA] = self.physics.clock_power_exponent
@@ -226,9 +202,9 @@ class SiteRuntime:
         self.si[st.S_EDF] = 1 if Ordering(plan.ordering) == Ordering.EDF else 0
         self.si[st.S_AUTOSCALE] = 1 if plan.autoscale else 0
         self.sf[st.S_AS_TARGET] = plan.autoscale_target
-        for p, (m, g) in enumerate(self.pool_keys):
+        for p, (site_name, m, g) in enumerate(self.pool_keys):
             try:
-                pp = plan.pool(self.site.name, m, g)
+                pp = plan.pool(site_name, m, g)
             except KeyError:
                 self.pools.floor[p] = 0
                 self.pools.ceil[p] = 0
@@ -264,15 +240,15 @@ class SiteRuntime:
 
     def _rank_priorities(self, plan: Plan) -> None:
         """Scale-up preference within a model: the plan's pool order (first listed first)."""
-        listed = [(pp.model, pp.gpu) for pp in plan.pools if pp.site == self.site.name]
-        rank = {k: i for i, k in enumerate(listed)}
+        rank = {pp.key: i for i, pp in enumerate(plan.pools)}
         per_model: dict[str, int] = {}
-        for p, key in sorted(enumerate(self.pool_keys), key=lambda e: rank.get(e[1], 99)):
-            self.pools.priority[p] = per_model.get(key[0], 0)
-            per_model[key[0]] = self.pools.priority[p] + 1
+        for p, key in sorted(enumerate(self.pool_keys), key=lambda e: rank.get(e[1], 1 << 20)):
+            self.pools.priority[p] = per_model.get(key[1], 0)
+            per_model[key[1]] = self.pools.priority[p] + 1
 
     def advance(self, t_end: float) -> None:
         """Run the compiled engine to t_end (s since window start)."""
+        self._log_room(t_end)
         ht, hr, hv = self.heap
         run_until(
             self.rep,
@@ -288,6 +264,28 @@ class SiteRuntime:
             hv,
             float(t_end),
         )
+
+    def _log_room(self, t_end: float) -> None:
+        """Grow the telemetry, event and site logs so advancing to t_end cannot fill them (the engine stops
+        logging at capacity, which would truncate the observation stream and the GPU-hours derived from it)."""
+        logs = self.logs
+        ticks = int(max(0.0, t_end - self.now) // TEL_DT) + 2
+        n_rep = self.rep.n.shape[0]
+        need = {
+            "tel_": int(logs.n_tel[0]) + ticks * n_rep,  # one row per live replica per tick
+            "ev_": int(logs.n_ev[0]) + 3 * ticks * n_rep,  # start, ready, stop per replica per tick, at most
+            "site_": int(logs.n_site[0]) + ticks * len(self.sites),
+        }
+        grown: dict[str, np.ndarray] = {}
+        for name in st.Logs._fields:
+            prefix = next((p for p in need if name.startswith(p)), None)
+            arr = getattr(logs, name)
+            if prefix is not None and need[prefix] > arr.shape[0]:
+                out = np.zeros(max(need[prefix], 2 * arr.shape[0]), arr.dtype)
+                out[: arr.shape[0]] = arr
+                grown[name] = out
+        if grown:
+            self.logs = logs._replace(**grown)
 
     def pending(self) -> int:
         """Requests arrived but not done."""

@@ -28,8 +28,6 @@ from worldmodel.groundtruth.state import (
     S_LOAD_POWER_FRAC,
     S_NODE_OVERHEAD_A100,
     S_NODE_OVERHEAD_H100,
-    S_POWER_CAP,
-    S_THROTTLE,
     WARM,
     Hardware,
     Logs,
@@ -46,22 +44,23 @@ WAITING_PER_REPLICA = 5.0  # KEDA threshold on vllm:num_requests_waiting (REFERE
 
 
 @njit(cache=True)
-def log_event(logs: Logs, t: float, r: int, kind: int) -> None:
+def log_event(logs: Logs, t: float, r: int, kind: int, g0: int) -> None:
     k = logs.n_ev[0]
     if k < logs.ev_t.shape[0]:
         logs.ev_t[k] = t
         logs.ev_rep[k] = r
         logs.ev_kind[k] = kind
+        logs.ev_gpu0[k] = g0
         logs.n_ev[0] = k + 1
 
 
 @njit(cache=True)
-def allocate_gpus(hw: Hardware, gpu_type: int, tp: int, r: int) -> int:
-    """First-fit an aligned block of tp free GPUs of a type on one node; return the first GPU or -1."""
+def allocate_gpus(hw: Hardware, site: int, gpu_type: int, tp: int, r: int) -> int:
+    """First-fit an aligned block of tp free GPUs of a type on one node of a site; return the first GPU or -1."""
     g = 0
     n = hw.g_type.shape[0]
     while g + tp <= n:
-        if hw.g_type[g] == gpu_type and hw.g_node[g] == hw.g_node[g + tp - 1]:
+        if hw.g_type[g] == gpu_type and hw.g_site[g] == site and hw.g_node[g] == hw.g_node[g + tp - 1]:
             free = True
             for k in range(tp):
                 if hw.g_owner[g + k] >= 0:
@@ -79,7 +78,7 @@ def allocate_gpus(hw: Hardware, gpu_type: int, tp: int, r: int) -> int:
 def start_replica(rep: Replicas, pools: Pools, hw: Hardware, logs: Logs, p: int, t: float) -> bool:
     for r in range(pools.slot_lo[p], pools.slot_hi[p]):
         if rep.state[r] == OFF:
-            g0 = allocate_gpus(hw, pools.gpu[p], pools.tp[p], r)
+            g0 = allocate_gpus(hw, pools.site[p], pools.gpu[p], pools.tp[p], r)
             if g0 < 0:
                 return False
             rep.gpu0[r] = g0
@@ -94,7 +93,7 @@ def start_replica(rep: Replicas, pools: Pools, hw: Hardware, logs: Logs, p: int,
             rep.cache[r, :] = -1
             rep.busy_acc[r] = 0.0
             rep.busy_mark[r] = t
-            log_event(logs, t, r, EV_STARTED)
+            log_event(logs, t, r, EV_STARTED, g0)
             return True
     return False
 
@@ -110,7 +109,7 @@ def stop_replica(rep: Replicas, hw: Hardware, logs: Logs, r: int, t: float) -> N
     rep.state[r] = OFF
     rep.stepping[r] = 0
     rep.version[r] += 1
-    log_event(logs, t, r, EV_STOPPED)
+    log_event(logs, t, r, EV_STOPPED, g0)
 
 
 @njit(cache=True)
@@ -281,11 +280,11 @@ def telemetry_tick(
     si: np.ndarray,
     t: float,
 ) -> None:
-    """Sample every live replica (DCGM-style), advance lifecycle and thermal state, run the power-cap loop."""
-    site_w = 0.0
-    gpus = 0.0
-    loading = 0.0
-    throttle = sf[S_THROTTLE]
+    """Sample every live replica (DCGM-style), advance lifecycle and thermal state, run each site's power-cap loop."""
+    n_sites = hw.site_cap_w.shape[0]
+    site_w = np.zeros(n_sites)
+    gpus = np.zeros(n_sites)
+    loading = np.zeros(n_sites)
     gamma = sf[S_GAMMA]
     n_nodes = hw.node_speed.shape[0]
     node_on = np.zeros(n_nodes, np.int64)
@@ -294,6 +293,7 @@ def telemetry_tick(
         if st == OFF:
             continue
         p = rep.pool[r]
+        s = pools.site[p]
         if rep.stepping[r] == 1:
             start = max(rep.step_start[r], rep.busy_mark[r])
             if t > start:
@@ -306,15 +306,16 @@ def telemetry_tick(
         fclk = pools.clock[p] / pools.clock_max[p]
         rep.heat[r] += (util * fclk * fclk - rep.heat[r]) * TEL_DT / 300.0
         thermal = 1.0 + max(0.0, rep.heat[r] - 0.75) * 0.4
-        clock_eff = pools.clock[p] * throttle / thermal
+        rep.thr[r] = hw.site_throttle[s]
+        clock_eff = pools.clock[p] * rep.thr[r] / thermal
         frac = sf[S_LOAD_POWER_FRAC] if st == LOADING else util
         idle = rep.coef[r, C_IDLE]
         p_gpu = idle + (rep.coef[r, C_MAXP] - idle) * frac * (clock_eff / pools.clock_max[p]) ** gamma
         tp = pools.tp[p]
-        site_w += p_gpu * tp
-        gpus += tp
+        site_w[s] += p_gpu * tp
+        gpus[s] += tp
         if st == LOADING:
-            loading += tp
+            loading[s] += tp
         node_on[hw.g_node[rep.gpu0[r]]] = 1
         k = logs.n_tel[0]
         if k < logs.tel_t.shape[0]:
@@ -328,24 +329,27 @@ def telemetry_tick(
             logs.tel_waiting[k] = q.itail[pools.model[p]] - q.ihead[pools.model[p]]
             logs.tel_temp[k] = 32.0 + 50.0 * rep.heat[r]
             logs.tel_state[k] = st
+            logs.tel_gpu0[k] = rep.gpu0[r]
             logs.n_tel[0] = k + 1
         if st == LOADING and t >= rep.ready_at[r]:
             rep.state[r] = WARM
-            log_event(logs, t, r, EV_READY)
+            log_event(logs, t, r, EV_READY, rep.gpu0[r])
         elif st == DRAINING and rep.n[r] == 0 and rep.stepping[r] == 0:
             stop_replica(rep, hw, logs, r, t)
     for nd in range(n_nodes):
         if node_on[nd] == 1:
-            site_w += sf[S_NODE_OVERHEAD_H100] if hw.node_type[nd] == 0 else sf[S_NODE_OVERHEAD_A100]
-    k = logs.n_site[0]
-    if k < logs.site_t.shape[0]:
-        logs.site_t[k] = t
-        logs.site_it_w[k] = site_w
-        logs.site_gpus[k] = gpus
-        logs.site_gpus_loading[k] = loading
-        logs.n_site[0] = k + 1
-    cap = sf[S_POWER_CAP]
-    if site_w > cap:
-        sf[S_THROTTLE] = max(0.5, throttle * 0.95)
-    elif site_w < 0.97 * cap and throttle < 1.0:
-        sf[S_THROTTLE] = min(1.0, throttle * 1.02)
+            site_w[hw.node_site[nd]] += sf[S_NODE_OVERHEAD_H100] if hw.node_type[nd] == 0 else sf[S_NODE_OVERHEAD_A100]
+    for s in range(n_sites):
+        k = logs.n_site[0]
+        if k < logs.site_t.shape[0]:
+            logs.site_t[k] = t
+            logs.site_it_w[k] = site_w[s]
+            logs.site_gpus[k] = gpus[s]
+            logs.site_gpus_loading[k] = loading[s]
+            logs.site_idx[k] = s
+            logs.n_site[0] = k + 1
+        cap = hw.site_cap_w[s]
+        if site_w[s] > cap:
+            hw.site_throttle[s] = max(0.5, hw.site_throttle[s] * 0.95)
+        elif site_w[s] < 0.97 * cap and hw.site_throttle[s] < 1.0:
+            hw.site_throttle[s] = min(1.0, hw.site_throttle[s] * 1.02)

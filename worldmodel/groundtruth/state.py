@@ -36,6 +36,7 @@ class Requests(NamedTuple):
     pfx_off: np.ndarray  # i8 offset into pfx_blocks
     pfx_len: np.ndarray  # i8 number of prefix blocks
     pfx_blocks: np.ndarray  # i8 flat block ids
+    allowed: np.ndarray  # i8 bitmask of the sites the tenant may run in (residency)
     # outcomes
     rep: np.ndarray  # i8 replica that served it (-1)
     dispatched: np.ndarray  # f8 s
@@ -74,6 +75,7 @@ class Replicas(NamedTuple):
     step_cmp: np.ndarray  # f8 compute-bound (prefill) part of the current iteration (s)
     pfill_acc: np.ndarray  # f8 prefill compute seconds in the current telemetry tick
     pfill_util: np.ndarray  # f8 prefill compute share of the last tick (0-1)
+    thr: np.ndarray  # f8 power-cap clock share of the replica's site (0.5-1)
 
 
 class Hardware(NamedTuple):
@@ -82,8 +84,12 @@ class Hardware(NamedTuple):
     g_type: np.ndarray  # i8 GPU type index per GPU
     g_node: np.ndarray  # i8 node per GPU
     g_owner: np.ndarray  # i8 replica using the GPU (-1 free)
+    g_site: np.ndarray  # i8 site per GPU
     node_speed: np.ndarray  # f8 hidden step-time multiplier per node (0.85-1.15)
     node_type: np.ndarray  # i8
+    node_site: np.ndarray  # i8
+    site_cap_w: np.ndarray  # f8 IT power cap per site (W)
+    site_throttle: np.ndarray  # f8 clock share the site's power-cap controller allows (0.5-1)
 
 
 class Pools(NamedTuple):
@@ -100,7 +106,8 @@ class Pools(NamedTuple):
     priority: np.ndarray  # i8 lower = scaled up first
     slot_lo: np.ndarray  # i8 replica slot range [lo, hi)
     slot_hi: np.ndarray  # i8
-    desired_hist: np.ndarray  # i8 [P, 20] desired replicas over the last 300 s (15 s ticks)
+    desired_hist: np.ndarray  # i8 [M, 20] desired replicas per model over the last 300 s (15 s ticks)
+    site: np.ndarray  # i8 site index
 
 
 class Queues(NamedTuple):
@@ -128,17 +135,20 @@ class Logs(NamedTuple):
     tel_waiting: np.ndarray  # i8
     tel_temp: np.ndarray  # f8 C
     tel_state: np.ndarray  # i8
+    tel_gpu0: np.ndarray  # i8 first GPU of the replica when sampled (a replica may stop or move before it is read)
     n_tel: np.ndarray  # i8 [1]
     # fleet events
     ev_t: np.ndarray  # f8
     ev_rep: np.ndarray  # i8
     ev_kind: np.ndarray  # i8
+    ev_gpu0: np.ndarray  # i8 first GPU of the replica at the event (-1 none)
     n_ev: np.ndarray  # i8 [1]
     # site accounting per telemetry tick
     site_t: np.ndarray  # f8
     site_it_w: np.ndarray  # f8 site IT power (W)
     site_gpus: np.ndarray  # f8 GPUs warm or loading
     site_gpus_loading: np.ndarray  # f8
+    site_idx: np.ndarray  # i8 which site the row is for
     n_site: np.ndarray  # i8 [1]
 
 
@@ -150,12 +160,14 @@ class Scalars(NamedTuple):
 
 
 # float scalars
-S_NOW, S_NEXT_TEL, S_NEXT_AS, S_THROTTLE, S_POWER_CAP, S_NODE_OVERHEAD_H100, S_NODE_OVERHEAD_A100 = range(7)
-S_GAMMA, S_TOKEN_BUDGET, S_RELEASE_MARGIN, S_AS_TARGET, S_LOAD_POWER_FRAC = range(7, 12)
-N_FSCALARS = 12
+S_NOW, S_NEXT_TEL, S_NEXT_AS, S_NODE_OVERHEAD_H100, S_NODE_OVERHEAD_A100 = range(5)
+S_GAMMA, S_TOKEN_BUDGET, S_RELEASE_MARGIN, S_AS_TARGET, S_LOAD_POWER_FRAC = range(5, 10)
+N_FSCALARS = 10
 # int scalars
-S_ARR_PTR, S_ADMISSION, S_ROUTING, S_EDF, S_AUTOSCALE, S_RR, S_HEAP_N, S_AS_TICK = range(8)
-N_ISCALARS = 8
+S_ARR_PTR, S_ADMISSION, S_ROUTING, S_EDF, S_AUTOSCALE, S_RESERVED, S_HEAP_N, S_AS_TICK = range(8)
+S_RR = 8  # round-robin pointer of model m at S_RR + m (one per model: a shared one skews the rotation)
+MAX_MODELS = 8
+N_ISCALARS = S_RR + MAX_MODELS
 
 
 def alloc_logs(n_requests: int, tel_cap: int, ev_cap: int, site_cap: int) -> Logs:
@@ -173,14 +185,17 @@ def alloc_logs(n_requests: int, tel_cap: int, ev_cap: int, site_cap: int) -> Log
         np.zeros(tel_cap, i8),
         np.zeros(tel_cap, f8),
         np.zeros(tel_cap, i8),
+        np.zeros(tel_cap, i8),
         np.zeros(1, i8),
         np.zeros(ev_cap, f8),
         np.zeros(ev_cap, i8),
         np.zeros(ev_cap, i8),
+        np.zeros(ev_cap, i8),
         np.zeros(1, i8),
         np.zeros(site_cap, f8),
         np.zeros(site_cap, f8),
         np.zeros(site_cap, f8),
         np.zeros(site_cap, f8),
+        np.zeros(site_cap, i8),
         np.zeros(1, i8),
     )

@@ -6,6 +6,7 @@ back (scored residuals, per-key tracks, the risk band); the statistics live in w
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 import polars as pl
@@ -42,8 +43,8 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
 
     Decode: median TPOT per replica vs the roofline at the replica's mean running batch and context.
     Prefill: the 10th-percentile TTFT per replica (the least-queued requests) vs the prefill time of the
-    10th-percentile uncached prompt. Power: mean DCGM power per node vs the power model at its mean
-    utilization and clock. Predictions use the priors only (no corrections), so residuals carry all error.
+    10th-percentile uncached prompt plus one decode step per chunked-prefill iteration. Power: mean DCGM power
+    above idle per node vs the dynamic power model at its mean utilization and clock. Predictions use the priors only (no corrections), so residuals carry all error.
 
     Parameters
     ----------
@@ -77,22 +78,28 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
             )
         )
         if r["ttft10_s"] is not None:
+            # chunked prefill: each chunk of the prompt rides one iteration that also decodes the running batch,
+            # so the least-queued TTFT is the prompt's compute plus one decode step per chunk
+            new10 = float(r["new10"])
+            chunks = max(math.ceil(new10 / prior.priors.chunk_tokens), 1)
+            step = prior.decode_step_s(cfg, float(r["running"]), float(r["ctx"]))
             rows.append(
                 (
                     Quantity.PREFILL,
                     cfg.gpu,
                     r["node"],
                     cfg.model,
-                    prior.prefill_s(cfg, float(r["new10"])),
+                    prior.prefill_s(cfg, new10) + chunks * step,
                     float(r["ttft10_s"]),
                 )
             )
     for r in state.frame(_POWER_SQL, params).iter_rows(named=True):
         gpu = r["gpu_type"]
-        pred = prior.gpu_power_w(
+        # the correction scales the dynamic part (power above idle); idle is the datasheet figure
+        pred = prior.dynamic_power_w(
             gpu, clock_or_max(gpu, r["clock"]), prior.activity_from_util(r["util"] or 0.0)
         )
-        rows.append((Quantity.POWER, gpu, r["node"], ANY, pred, float(r["power_w"])))
+        rows.append((Quantity.POWER, gpu, r["node"], ANY, pred, float(r["power_w"]) - prior.idle_power_w(gpu)))
     return pl.DataFrame(
         rows, schema=["quantity", "gpu_type", "node", "model", "predicted", "observed"], orient="row"
     )

@@ -1,0 +1,202 @@
+"""The reference policies do what DESIGN.md says they do: their plans, and their effect in the ground truth.
+
+production: bf16, 256 sequences, maximum clock, an HPA-like autoscaler (target 80%, 300 s scale-down
+stabilization), prefix-aware routing, EDF, batch deferred only under pressure. naive: a static fleet, FCFS,
+round-robin, batch at once. production-tuned: the deployed policy with a best static configuration and a
+price rule that holds deferrable work while the price exceeds the past week's 90th percentile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import numpy as np
+import polars as pl
+import pytest
+
+from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
+from optimizer.policy import Observations, PolicyContext, create
+from streams.workload.builder import Workload, build_workload
+from worldmodel.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, default_fleet
+from worldmodel.groundtruth.replay import RunResult, run_replay
+
+MARKET = "PJM"
+PERIOD_S = 300.0
+STEP_UP_S, DROP_S, END_S = 300.0, 600.0, 1500.0  # load doubles at 300 s, stops at 600 s, run to 1500 s
+
+
+def _ctx(wl: Workload) -> PolicyContext:
+    return PolicyContext(
+        fleet=default_fleet((MARKET,)),
+        markets=(MARKET,),
+        window_start=wl.window.start,
+        period_s=PERIOD_S,
+        periods=3,
+        seed=wl.seed,
+    )
+
+
+def _obs(wl: Workload, k: int, prices: pl.DataFrame | None = None) -> Observations:
+    empty = pl.DataFrame()
+    return Observations(
+        as_of=wl.window.start + timedelta(seconds=k * PERIOD_S),
+        period_index=k,
+        arrivals=empty,
+        completions=empty,
+        telemetry=empty,
+        fleet_events=empty,
+        prices=prices if prices is not None else empty,
+    )
+
+
+@pytest.fixture(scope="module")
+def wl() -> Workload:
+    return build_workload(MARKET, 2023, periods=3, seed=0)
+
+
+@pytest.fixture(scope="module")
+def step_wl() -> Workload:
+    """The default window's first 10 minutes with arrivals doubled in the second 5 (each request of
+    [300, 600) s cloned 1 ms later), and no arrivals after 600 s."""
+    base = build_workload(MARKET, 2023, periods=4, seed=0)
+    head = base.requests.filter(pl.col("arrival_s") < DROP_S)
+    clones = head.filter(pl.col("arrival_s") >= STEP_UP_S).with_columns(
+        pl.col("arrival_s") + 1e-3, pl.col("deadline_s") + 1e-3, pl.col("request_id") + "-clone"
+    )
+    return replace(base, requests=pl.concat([head, clones]).sort("arrival_s", maintain_order=True))
+
+
+@pytest.fixture(scope="module")
+def step_runs(step_wl: Workload) -> dict[str, RunResult]:
+    fleet = default_fleet((MARKET,))
+    return {name: run_replay(step_wl, create(name), fleet, window_s=END_S) for name in ("production", "naive")}
+
+
+def _site_gpus(run: RunResult) -> tuple[np.ndarray, np.ndarray]:
+    """(tick time s, GPUs warm or loading) of the single site."""
+    logs = run.runtime.logs
+    n = int(logs.n_site[0])
+    return logs.site_t[:n], logs.site_gpus[:n]
+
+
+# --- plans ----------------------------------------------------------------------------------------------
+
+
+def test_production_plan_is_as_deployed(wl: Workload) -> None:
+    policy = create("production")
+    first = policy.start(_ctx(wl), wl.history)
+    steady = policy.plan(_obs(wl, 1))
+    site = default_fleet((MARKET,)).site(MARKET)
+    for plan in (first, steady):
+        assert plan.autoscale and plan.autoscale_target == pytest.approx(0.8)
+        assert (plan.routing, plan.ordering, plan.batch_admission) == (
+            Routing.PREFIX_LOAD,
+            Ordering.EDF,
+            BatchAdmission.PRESSURE,
+        )
+        for p in plan.pools:
+            g = GpuType(p.gpu)
+            assert (p.precision, p.max_batch, p.sm_clock_mhz) == ("bf16", 256, SM_CLOCK_RANGE_MHZ[g][1])
+            assert p.replica_ceiling == site.gpus(g) // DEFAULT_TP[(p.model, g)]  # the autoscaler may use it all
+    assert sum(p.replica_floor for p in first.pools) > 2  # starts at the fleet the HPA had reached
+    assert all(p.replica_floor <= 1 for p in steady.pools)  # then the HPA decides
+
+
+def test_naive_plan_is_static(wl: Workload) -> None:
+    policy = create("naive")
+    first = policy.start(_ctx(wl), wl.history)
+    assert not first.autoscale
+    assert (first.routing, first.ordering, first.batch_admission) == (
+        Routing.ROUND_ROBIN,
+        Ordering.FCFS,
+        BatchAdmission.IMMEDIATE,
+    )
+    assert all(p.replica_floor == p.replica_ceiling for p in first.pools)
+    assert sum(p.replica_floor for p in first.pools) > 0
+    for k in range(1, 4):
+        assert policy.plan(_obs(wl, k)) == first
+
+
+# --- behaviour in the ground truth ----------------------------------------------------------------------
+
+
+def test_production_autoscaler_scales_with_load(step_runs: dict[str, RunResult]) -> None:
+    t, g = _site_gpus(step_runs["production"])
+    before = g[(t > STEP_UP_S - 120) & (t <= STEP_UP_S)].mean()
+    during = g[(t > DROP_S - 120) & (t <= DROP_S)].mean()
+    assert during > 1.3 * before, (before, during)
+
+
+def test_production_scales_down_after_load_falls_not_sooner_than_stabilization(
+    step_runs: dict[str, RunResult],
+) -> None:
+    t, g = _site_gpus(step_runs["production"])
+    at_drop = g[t <= DROP_S][-1]
+    shrunk = t[(t > DROP_S) & (g < at_drop)]
+    assert shrunk.size, "never scaled down after the load stopped"
+    assert shrunk[0] >= DROP_S + 300.0 - 15.0  # 300 s stabilization window (15 s autoscaler sync)
+    assert g[-1] < 0.5 * at_drop  # and it does scale down once the window has passed
+
+
+def test_naive_keeps_a_static_fleet(step_runs: dict[str, RunResult]) -> None:
+    run = step_runs["naive"]
+    t, g = _site_gpus(run)
+    assert g.size and (g == g[0]).all() and g[0] > 0  # same GPUs through the load step and the idle tail
+    logs = run.runtime.logs
+    n_ev = int(logs.n_ev[0])
+    assert (logs.ev_t[:n_ev] == 0.0).all()  # replicas started at t=0 (prewarmed), none since
+
+
+def test_naive_round_robin_spreads_load(wl: Workload) -> None:
+    run = run_replay(wl, create("naive"), default_fleet((MARKET,)))
+    req = run.runtime.req
+    for m in np.unique(req.model):
+        served = np.bincount(req.rep[(req.model == m) & (req.rep >= 0)])
+        served = served[served > 0]
+        assert served.size >= 2
+        assert served.max() <= 1.25 * served.min(), (m, served)
+
+
+def test_tuned_price_rule_holds_batch_above_p90(wl: Workload) -> None:
+    policy = create("production-tuned")
+    first = policy.start(_ctx(wl), wl.history)
+    week = wl.history.prices.filter(pl.col("interval_start") >= wl.window.start - timedelta(days=7))
+    p90 = float(week["lmp_usd_mwh"].quantile(0.9))
+    start = wl.window.start
+
+    cols = week.select("interval_start", "lmp_usd_mwh", "published_at").schema
+
+    def priced(lmp: float, k: int) -> Plan:
+        """The plan after a price record for the current hour, published at the period's close."""
+        as_of = start + timedelta(seconds=k * PERIOD_S)
+        rec = pl.DataFrame(
+            {"interval_start": [as_of - timedelta(minutes=1)], "lmp_usd_mwh": [lmp], "published_at": [as_of]},
+            schema=cols,
+        )
+        return policy.plan(_obs(wl, k, rec))
+
+    assert priced(p90 * 1.5 + 10.0, 1).batch_admission == BatchAdmission.HOLD
+    assert priced(p90 * 0.5 - 10.0, 2).batch_admission != BatchAdmission.HOLD
+    # the window is the year's most expensive 3 h, so the first plan already holds
+    assert wl.window.mean_price_usd_mwh > p90
+    assert first.batch_admission == BatchAdmission.HOLD
+
+
+def test_tuned_price_rule_defers_batch_work(wl: Workload) -> None:
+    """In the year's most expensive window, production-tuned dispatches batch work only near its deadline
+    (within the release margin); production as deployed dispatches it at once."""
+    fleet = default_fleet((MARKET,))
+    waits = {}
+    slack = {}
+    for name in ("production", "production-tuned"):
+        run = run_replay(wl, create(name), fleet)
+        req = run.runtime.req
+        b = req.cls == 2
+        assert np.isfinite(req.done[b]).all()
+        waits[name] = float(np.median(req.dispatched[b] - req.arrival[b]))
+        slack[name] = float(np.median(req.deadline[b] - req.dispatched[b]))
+    margin = run.runtime.physics.release_margin_s
+    assert waits["production"] < 60.0
+    assert waits["production-tuned"] > 1800.0 - margin  # the shortest deadline is 30 min
+    assert slack["production-tuned"] <= margin + 1.0
