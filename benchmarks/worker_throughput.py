@@ -103,6 +103,7 @@ def close_latency(bootstrap, periods, workdir, period_s=60.0, lateness_s=2.0, pe
     prefix = f"bench{uuid.uuid4().hex[:6]}."
     topics = Topics(prefix=prefix)
     asyncio.run(ensure_topics(bootstrap, topics.all()))
+    os.makedirs(workdir + "/lat", exist_ok=True)
     proc, stats = start_worker(bootstrap, prefix, workdir + "/lat", period_s, lateness_s)
 
     async def go():
@@ -124,6 +125,8 @@ def close_latency(bootstrap, periods, workdir, period_s=60.0, lateness_s=2.0, pe
         # warm-up record so the worker joins before the clock starts
         await prod.send_and_wait(topics.request_arrivals.name, arrival(-1, T0))
         while not stats:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {proc.returncode}")
             await asyncio.sleep(0.1)
         wall0 = time.monotonic()
         step = period_s / per_period
@@ -158,6 +161,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--periods", type=int, default=20)
+    ap.add_argument("--skip-throughput", action="store_true")
     args = ap.parse_args()
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     proc = None
@@ -167,7 +171,8 @@ def main():
         print(f"broker: Tansu (in memory) at {bootstrap}")
     try:
         with tempfile.TemporaryDirectory() as d:
-            throughput(bootstrap, args.records, d)
+            if not args.skip_throughput:
+                throughput(bootstrap, args.records, d)
             close_latency(bootstrap, args.periods, d)
     finally:
         if proc:

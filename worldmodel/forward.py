@@ -442,6 +442,8 @@ class ForwardModel:
         served = 0.0
         n_in = d.input_tokens_mean * (1.0 - d.prefix_hit_rate)
         for r in res:
+            if r.replicas <= 0:  # a pool with no replicas serves none of the class
+                continue
             share = r.lam / lam_tot if lam_tot > 0 else 1.0 / len(res)
             s_cls = r.t_pf * max(n_in, 1.0) / max(load.n_in, 1.0)
             slo = spec.ttft_slo_ms / 1e3

@@ -44,7 +44,8 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
     Decode: median TPOT per replica vs the roofline at the replica's mean running batch and context.
     Prefill: the 10th-percentile TTFT per replica (the least-queued requests) vs the prefill time of the
     10th-percentile uncached prompt plus one decode step per chunked-prefill iteration. Power: mean DCGM power
-    above idle per node vs the dynamic power model at its mean utilization and clock. Predictions use the priors only (no corrections), so residuals carry all error.
+    above idle per node vs the dynamic power model at its mean utilization and clock. Predictions use the
+    priors only (no corrections), so residuals carry all error.
 
     Parameters
     ----------

@@ -1,0 +1,162 @@
+"""Replay speed (issue 3, item 5): compile time, simulated requests per second per policy, full default replay.
+
+    python benchmarks/replay_speed.py                 # all three measurements
+    python benchmarks/replay_speed.py --fresh-compile # compile into an empty numba cache (true compile time)
+    python benchmarks/replay_speed.py --skip-full     # without the full default replay
+
+1. Compile: the first replay of a tiny workload (one 5-minute period) in this process pays numba's compile
+   (or, with a warm on-disk cache, its load); the second identical replay does not. Both are printed and
+   their difference is the compile/load time.
+2. Throughput: each reference policy replays one full default window (PJM 2023, the most expensive 3 h,
+   ~500k requests, through its drain) after the warm-up; requests per wall second, with the policy's own
+   decision time shown apart.
+3. Full default replay: `aurelius replay` with its defaults (3 markets x the reference policies, seed 0) in
+   a subprocess, wall time end to end (interpreter start, workload builds, every replay, results.json,
+   replay.duckdb). Target: <= 120 s on the 2-core development machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ("production", "production-tuned", "naive")
+TARGET_S = 120.0
+
+
+def available(policies: tuple[str, ...]) -> list[str]:
+    from optimizer.policy import names
+
+    known = set(names())
+    return [p for p in policies if p in known]
+
+
+def compile_time(market: str, year: int) -> dict[str, float]:
+    """Wall seconds of the first and second replay of one tiny period (compile or cache load, then warm)."""
+    from optimizer.policy import create
+    from streams.workload.builder import build_workload
+    from worldmodel.fleet import default_fleet
+    from worldmodel.groundtruth.metrics import summarize
+    from worldmodel.groundtruth.replay import run_replay
+
+    wl = build_workload(market, year, periods=1, seed=0)
+    fleet = default_fleet((market,))
+    out = {}
+    for label in ("first_s", "second_s"):
+        t0 = time.perf_counter()
+        summarize(run_replay(wl, create("production"), fleet))
+        out[label] = time.perf_counter() - t0
+    out["compile_s"] = out["first_s"] - out["second_s"]
+    out["tiny_requests"] = float(wl.requests.height)
+    return out
+
+
+def throughput(market: str, year: int, policies: list[str]) -> dict[str, dict[str, float]]:
+    """Requests per wall second of each policy on one full default window (after compile_time's warm-up)."""
+    from optimizer.policy import create
+    from streams.workload.builder import build_workload
+    from worldmodel.fleet import default_fleet
+    from worldmodel.groundtruth.metrics import summarize
+    from worldmodel.groundtruth.replay import run_replay
+
+    t0 = time.perf_counter()
+    wl = build_workload(market, year, seed=0)
+    build_s = time.perf_counter() - t0
+    fleet = default_fleet((market,))
+    out: dict[str, dict[str, float]] = {}
+    for name in policies:
+        t0 = time.perf_counter()
+        run = run_replay(wl, create(name), fleet)
+        replay_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        s = summarize(run)
+        summarize_s = time.perf_counter() - t1
+        decide_s = sum(run.decision_ms) / 1000.0
+        n = wl.requests.height
+        out[name] = {
+            "requests": float(n),
+            "replay_s": replay_s,
+            "decide_s": decide_s,
+            "summarize_s": summarize_s,
+            "requests_per_s": n / replay_s,
+            "requests_per_s_sim_only": n / max(replay_s - decide_s, 1e-9),
+            "periods": float(run.periods),
+            "sla_violation_rate": float(s["sla_violation_rate"]),
+        }
+    out["_build"] = {"workload_build_s": build_s}
+    return out
+
+
+def full_replay(policies: list[str]) -> dict[str, Any]:
+    """Wall seconds of `aurelius replay` with its defaults (the given policies) in a fresh process."""
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [sys.executable, "-m", "streams.cli", "replay", "--policies", ",".join(policies), "--out", d,
+               "--no-progress"]  # fmt: skip
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"aurelius replay failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        results = json.loads((Path(d) / "results.json").read_text())
+    offered = sum(p["offered"] for m in results["markets"].values() for p in m["policies"].values())
+    return {"command": " ".join(["aurelius", *cmd[3:-3], "--out", "OUT", "--no-progress"]), "wall_s": wall,
+            "markets": list(results["markets"]), "policies": policies, "requests_replayed": offered,
+            "table": proc.stdout.strip()}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--market", default="PJM")
+    ap.add_argument("--year", type=int, default=2023)
+    ap.add_argument("--skip-full", action="store_true", help="skip the full default replay")
+    ap.add_argument("--fresh-compile", action="store_true", help="compile into an empty numba cache directory")
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = ap.parse_args(argv)
+    if args.fresh_compile:
+        os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="numba-cache-")  # before numba is imported
+    policies = available(REFERENCE)
+    missing = [p for p in REFERENCE if p not in policies]
+    report: dict[str, Any] = {"cores": os.cpu_count(), "policies": policies, "missing_policies": missing}
+    if missing:
+        print(f"note: reference policies not registered, left out: {', '.join(missing)}")
+
+    c = compile_time(args.market, args.year)
+    report["compile"] = c
+    cache = "empty cache (true compile)" if args.fresh_compile else "on-disk numba cache as found"
+    print(f"compile ({cache}): first replay of {c['tiny_requests']:.0f} requests {c['first_s']:.2f} s, "
+          f"second {c['second_s']:.2f} s -> compile/load {c['compile_s']:.2f} s")  # fmt: skip
+
+    tp = throughput(args.market, args.year, policies)
+    report["throughput"] = tp
+    print(f"\nthroughput, {args.market} {args.year} default window ({tp[policies[0]]['requests']:.0f} requests, "
+          f"workload build {tp['_build']['workload_build_s']:.1f} s):")  # fmt: skip
+    print(f"{'policy':<18}{'replay s':>10}{'decide s':>10}{'req/s':>11}{'req/s sim':>11}{'periods':>9}{'viol%':>8}")
+    for name in policies:
+        r = tp[name]
+        viol = 100 * r["sla_violation_rate"]
+        print(f"{name:<18}{r['replay_s']:>10.1f}{r['decide_s']:>10.1f}{r['requests_per_s']:>11.0f}"
+              f"{r['requests_per_s_sim_only']:>11.0f}{r['periods']:>9.0f}{viol:>8.2f}")  # fmt: skip
+
+    if not args.skip_full:
+        f = full_replay(policies)
+        report["full"] = {k: v for k, v in f.items() if k != "table"}
+        verdict = "within" if f["wall_s"] <= TARGET_S else "OVER"
+        print(f"\nfull default replay: `{f['command']}`")
+        print(f"  {len(f['markets'])} markets x {len(policies)} policies, {f['requests_replayed']:,} requests "
+              f"replayed: {f['wall_s']:.1f} s wall")  # fmt: skip
+        print(f"  {verdict} the {TARGET_S:.0f} s target on {os.cpu_count()} cores")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
