@@ -122,10 +122,10 @@ class AureliusPolicy(Policy):
         self.forecast_provider.start(ctx, history)
         self.world_model.start(ctx, history)
         self._previous = ref_plan
-        return self._decide(ctx.window_start, 0, ref_plan, time.perf_counter())
+        return self._decide(ctx.window_start, 0, ref_plan, time.perf_counter(), time.process_time())
 
     def plan(self, obs: Observations) -> Plan:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         assert self._ctx is not None and self.reference_policy is not None, "start() first"
         self._observed.add_prices(obs.prices)
         self._observed.add_arrivals(obs.arrivals)
@@ -133,12 +133,12 @@ class AureliusPolicy(Policy):
         self.forecast_provider.update(obs)
         self.world_model.update(obs)
         ref_plan = self.reference_policy.plan(obs)
-        return self._decide(obs.as_of, obs.period_index, ref_plan, t0)
+        return self._decide(obs.as_of, obs.period_index, ref_plan, t0, c0)
 
     def last_decision(self) -> dict[str, Any] | None:
         return self._record
 
-    def _decide(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float) -> Plan:
+    def _decide(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float) -> Plan:
         assert self._ctx is not None and self.forecast_provider is not None and self.world_model is not None
         forecasts = self.forecast_provider.forecast(as_of, self.horizon_periods)
         serving = self.world_model.serving()
@@ -168,6 +168,7 @@ class AureliusPolicy(Policy):
                             self.search_config, n_grid)
             decision = decide(result.ranked, reference, objective, self.gate_config.pareto_tolerance_pp)
         decision_ms = (time.perf_counter() - t0) * 1e3
+        decision_cpu_ms = (time.process_time() - c0) * 1e3  # CPU of this process: robust to a shared machine
         audit = None
         if self.audit:
             chosen_score = score(decision.plan).score
@@ -176,7 +177,8 @@ class AureliusPolicy(Policy):
             policy=self.name, markets=self._ctx.markets, period_index=period_index, as_of=as_of,
             inputs=self._inputs(forecasts[0]), forecasts=forecasts, decision=decision, search=result,
             reference=reference, audit=audit, decision_ms=decision_ms,
-            extra={"mode": self.mode, "oracle": self.oracle, "reference_policy": self.reference,
+            extra={"decision_cpu_ms": decision_cpu_ms, "mode": self.mode, "oracle": self.oracle,
+                   "reference_policy": self.reference,
                    "seed": self.seed, "audit_grid_size": n_grid,
                    "future_price_ratio": objective.future_price_ratio},
         )

@@ -100,7 +100,8 @@ def read_regime(inp: GenerationInputs) -> Regime:
     for p in inp.previous.pools:
         inp_t, out_t = _sizes(now, p.model)
         cap[p.model] = cap.get(p.model, 0.0) + p.replica_ceiling * replica_rps(
-            inp.serving, p, inp_t, out_t, inp.tpot_slo_s.get(p.model))
+            inp.serving, p, inp_t, out_t, inp.tpot_slo_s.get(p.model)
+        )
         fits = kv_sequences(inp.serving, p, inp_t + 0.5 * out_t)
         kv = max(kv, p.max_batch / fits if fits > 0 else math.inf)
     load = max((d / cap[m] if cap.get(m) else math.inf) for m, d in demand.items()) if demand else 0.0
@@ -131,21 +132,28 @@ def generate(inp: GenerationInputs, mode: str = "full") -> list[Plan]:
     ]
     if regime.expensive:
         profiles.append(("expensive-pack", n_clk - 2, True, True, 0.9))
-    profiles.append(("headroom", n_clk - 1, True, True, 0.6 if regime.cheap or regime.load_ratio > 0.9
-                     or regime.confidence < 0.8 else 0.7))
+    profiles.append(
+        (
+            "headroom",
+            n_clk - 1,
+            True,
+            True,
+            0.6 if regime.cheap or regime.load_ratio > 0.9 or regime.confidence < 0.8 else 0.7,
+        )
+    )
     for label, level, fp8, packed, u in profiles:
         plan = _milp_plan(inp, label, level, fp8, packed, u)
         if plan is not None:
             out.append(plan)
     if inp.admission is not None:
-        out = [replace(p, batch_admission=inp.admission) if p.label not in ("reference", "previous") else p
-               for p in out]
+        out = [
+            replace(p, batch_admission=inp.admission) if p.label not in ("reference", "previous") else p for p in out
+        ]
         out.append(replace(inp.reference, batch_admission=inp.admission, label="reference+deferral"))
     return _dedupe(out)
 
 
-def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed: bool,
-               target_u: float) -> Plan | None:
+def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed: bool, target_u: float) -> Plan | None:
     """Set every pool's clock level, precision and batch, then size replicas with the MILP."""
     now = inp.forecasts[0]
     price = risk_adjusted_price(now.price_usd_mwh, inp.risk_aversion)
@@ -155,12 +163,12 @@ def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed:
     reloads = 0
     for p in inp.reference.pools:
         lv = inp.space.pool(p.key)
-        precision = "fp8" if fp8 and "fp8" in lv.precisions else ("bf16" if "bf16" in lv.precisions
-                                                                   else lv.precisions[0])
+        precision = (
+            "fp8" if fp8 and "fp8" in lv.precisions else ("bf16" if "bf16" in lv.precisions else lv.precisions[0])
+        )
         q = replace(p, precision=precision, sm_clock_mhz=lv.clocks_mhz[min(level, len(lv.clocks_mhz) - 1)])
         inp_t, out_t = _sizes(now, p.model)
-        batch = (_packed_batch(inp.serving, q, lv, inp_t + 0.5 * out_t) if packed
-                 else min(256, lv.max_batches[-1]))
+        batch = _packed_batch(inp.serving, q, lv, inp_t + 0.5 * out_t) if packed else min(256, lv.max_batches[-1])
         q = replace(q, max_batch=batch)
         was = prev.get(p.key)
         if was is not None and was.precision != q.precision:
@@ -169,8 +177,9 @@ def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed:
         rps = replica_rps(inp.serving, q, inp_t, out_t, inp.tpot_slo_s.get(p.model))
         added_w = replica_power_w(inp.serving, q, 1.0) - q.tp * idle_power_w(q.gpu)
         cost_usd_h = q.tp * GPU_RATE_USD_H[p.gpu] + power * PUE * price / 1e6
-        sizing.append(SizingPool(p.key, q.tp, rps, added_w, cost_usd_h, was.replica_floor if was else 0,
-                                 lv.max_replicas))
+        sizing.append(
+            SizingPool(p.key, q.tp, rps, added_w, cost_usd_h, was.replica_floor if was else 0, lv.max_replicas)
+        )
         pools.append(q)
     if reloads > inp.swap_budget:
         return None
@@ -179,8 +188,9 @@ def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed:
     sites = [s for s in inp.fleet.sites if s.name in site_names]
     gpus = {(s.name, str(g.gpu)): s.gpus(GpuType(g.gpu)) for s in sites for g in s.groups}
     base = {s.name: sum(g.nodes * GPUS_PER_NODE * idle_power_w(str(g.gpu)) for g in s.groups) for s in sites}
-    sol = size_capacity_cached(sizing, demand, gpus, {s.name: s.power_cap_w for s in sites}, base,
-                        inp.swap_budget - reloads, target_u)
+    sol = size_capacity_cached(
+        sizing, demand, gpus, {s.name: s.power_cap_w for s in sites}, base, inp.swap_budget - reloads, target_u
+    )
     if sol is None:
         return None
     surge = _surge_ratio(now)
@@ -210,12 +220,15 @@ def _sizes(f: DisturbanceForecast, model: str) -> tuple[float, float]:
     w = sum(max(d.arrivals_per_s.point, 1e-9) for d in ds)
     if not ds:
         return 1.0, 1.0
-    return (sum(max(d.arrivals_per_s.point, 1e-9) * d.input_tokens_mean for d in ds) / w,
-            sum(max(d.arrivals_per_s.point, 1e-9) * d.output_tokens_mean for d in ds) / w)
+    return (
+        sum(max(d.arrivals_per_s.point, 1e-9) * d.input_tokens_mean for d in ds) / w,
+        sum(max(d.arrivals_per_s.point, 1e-9) * d.output_tokens_mean for d in ds) / w,
+    )
 
 
-def _demand_by_model(f: DisturbanceForecast, which: str, deferrable_class: str = "",
-                     deferrable_rps: float | None = None) -> dict[str, float]:
+def _demand_by_model(
+    f: DisturbanceForecast, which: str, deferrable_class: str = "", deferrable_rps: float | None = None
+) -> dict[str, float]:
     """Forecast arrivals per model (requests/s), `which` of point / hi80 / hi95; the deferrable class at
     `deferrable_rps` when given (what the deferral schedule releases this period)."""
     out: dict[str, float] = {}
@@ -245,7 +258,6 @@ def _dedupe(plans: Sequence[Plan]) -> list[Plan]:
     return out
 
 
-
 class _CapacityProblem:
     """The capacity MILP of optimizer/capacity_milp.py, built once per fleet structure with cvxpy Parameters.
 
@@ -255,8 +267,14 @@ class _CapacityProblem:
     decision runs costs only the HiGHS solve. Same model, same time limit and MIP gap as `size_capacity`.
     """
 
-    def __init__(self, keys: tuple[tuple[str, str, str], ...], tps: tuple[int, ...], models: tuple[str, ...],
-                 groups: tuple[tuple[str, str], ...], sites: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        keys: tuple[tuple[str, str, str], ...],
+        tps: tuple[int, ...],
+        models: tuple[str, ...],
+        groups: tuple[tuple[str, str], ...],
+        sites: tuple[str, ...],
+    ) -> None:
         import cvxpy as cp
 
         n_p = len(keys)
@@ -274,11 +292,18 @@ class _CapacityProblem:
         self.gpus = cp.Parameter(len(groups))
         self.budget = cp.Parameter()
         a_m = np.array([[1.0 if k[1] == m else 0.0 for k in keys] for m in models])
-        cons = [self.n >= 0, self.n <= self.maxr, d >= self.n - self.prev, d >= self.prev - self.n,
-                cp.sum(d) <= self.budget, a_m @ cp.multiply(self.ur, self.n) + self.s >= self.demand]
+        cons = [
+            self.n >= 0,
+            self.n <= self.maxr,
+            d >= self.n - self.prev,
+            d >= self.prev - self.n,
+            cp.sum(d) <= self.budget,
+            a_m @ cp.multiply(self.ur, self.n) + self.s >= self.demand,
+        ]
         if groups:
-            a_g = np.array([[float(tp) if (k[0], k[2]) == g else 0.0 for k, tp in zip(keys, tps, strict=True)]
-                            for g in groups])
+            a_g = np.array(
+                [[float(tp) if (k[0], k[2]) == g else 0.0 for k, tp in zip(keys, tps, strict=True)] for g in groups]
+            )
             cons.append(a_g @ self.n <= self.gpus)
         if sites:
             a_s = np.array([[1.0 if k[0] == site else 0.0 for k in keys] for site in sites])
@@ -286,10 +311,18 @@ class _CapacityProblem:
         obj = self.cost @ self.n + SHORTFALL_PENALTY_USD_H * cp.sum(self.s) + 1e-3 * cp.sum(d)
         self.problem = cp.Problem(cp.Minimize(obj), cons)
 
-    def solve(self, pools: Sequence[SizingPool], demand_rps: Mapping[str, float],
-              gpus: Mapping[tuple[str, str], int], power_cap_w: Mapping[str, float],
-              base_power_w: Mapping[str, float], swap_budget: int, target_utilization: float,
-              time_limit_s: float, mip_gap: float) -> Sizing | None:
+    def solve(
+        self,
+        pools: Sequence[SizingPool],
+        demand_rps: Mapping[str, float],
+        gpus: Mapping[tuple[str, str], int],
+        power_cap_w: Mapping[str, float],
+        base_power_w: Mapping[str, float],
+        swap_budget: int,
+        target_utilization: float,
+        time_limit_s: float,
+        mip_gap: float,
+    ) -> Sizing | None:
         import cvxpy as cp
 
         self.ur.value = np.array([max(target_utilization * p.rps, 0.0) for p in pools])
@@ -316,18 +349,26 @@ class _CapacityProblem:
 _PROBLEMS: dict[tuple[object, ...], _CapacityProblem] = {}
 
 
-def size_capacity_cached(pools: Sequence[SizingPool], demand_rps: Mapping[str, float],
-                         gpus: Mapping[tuple[str, str], int], power_cap_w: Mapping[str, float],
-                         base_power_w: Mapping[str, float], swap_budget: int, target_utilization: float = 0.8,
-                         time_limit_s: float = 1.0, mip_gap: float = 1e-3) -> Sizing | None:
+def size_capacity_cached(
+    pools: Sequence[SizingPool],
+    demand_rps: Mapping[str, float],
+    gpus: Mapping[tuple[str, str], int],
+    power_cap_w: Mapping[str, float],
+    base_power_w: Mapping[str, float],
+    swap_budget: int,
+    target_utilization: float = 0.8,
+    time_limit_s: float = 1.0,
+    mip_gap: float = 1e-3,
+) -> Sizing | None:
     """`optimizer.capacity_milp.size_capacity` (same arguments, same model) on a cached parametric problem."""
     if not pools:
         return Sizing({}, {m: float(d) for m, d in demand_rps.items()}, "empty", 0.0)
     keys = tuple(p.key for p in pools)
     models = tuple(sorted({k[1] for k in keys} | set(demand_rps)))
     groups = tuple(g for g in gpus if any((k[0], k[2]) == g for k in keys))
-    sites = tuple(s for s in power_cap_w if any(k[0] == s and p.added_power_w > 0 for k, p in zip(keys, pools,
-                                                                                                  strict=True)))
+    sites = tuple(
+        s for s in power_cap_w if any(k[0] == s and p.added_power_w > 0 for k, p in zip(keys, pools, strict=True))
+    )
     tps = tuple(p.tp for p in pools)
     struct = (keys, tps, models, groups, sites)
     prob = _PROBLEMS.get(struct)
@@ -335,5 +376,6 @@ def size_capacity_cached(pools: Sequence[SizingPool], demand_rps: Mapping[str, f
         if len(_PROBLEMS) > 64:
             _PROBLEMS.clear()
         prob = _PROBLEMS[struct] = _CapacityProblem(*struct)
-    return prob.solve(pools, demand_rps, gpus, power_cap_w, base_power_w, swap_budget, target_utilization,
-                      time_limit_s, mip_gap)
+    return prob.solve(
+        pools, demand_rps, gpus, power_cap_w, base_power_w, swap_budget, target_utilization, time_limit_s, mip_gap
+    )

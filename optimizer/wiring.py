@@ -27,7 +27,6 @@ Deliberate approximations (documented, not hidden):
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -37,8 +36,8 @@ import numpy as np
 import polars as pl
 
 from optimizer.plan import Plan
-from streams.workload.protocol import PROTOCOL_V1
 from optimizer.policy import History, Observations, Policy, PolicyContext, create
+from streams.workload.protocol import PROTOCOL_V1
 from worldmodel.cost import CostConfig
 from worldmodel.forecast_types import DisturbanceForecast, Interval, PredictedOutcome
 from worldmodel.forward import ForwardModel
@@ -62,8 +61,13 @@ DEFAULT_REFERENCE = "production-tuned"
 DEADLINE_SAMPLE = 24
 
 _DEFERRABLE_SQL = ", ".join(f"'{c}'" for c in ("code", "chat", "batch") if PROTOCOL_V1.spec(c).deferrable)
-_KIND_OF = {"arrivals": "request_arrival", "completions": "request_completion", "telemetry": "gpu_telemetry",
-            "fleet_events": "fleet_event", "prices": "price"}
+_KIND_OF = {
+    "arrivals": "request_arrival",
+    "completions": "request_completion",
+    "telemetry": "gpu_telemetry",
+    "fleet_events": "fleet_event",
+    "prices": "price",
+}
 
 
 class WorldStateModel:
@@ -77,8 +81,13 @@ class WorldStateModel:
     telemetry_stride : keep every n-th telemetry sample per GPU (1 = all; the last 60 s are always kept).
     """
 
-    def __init__(self, cost_config: CostConfig | None = None, serving: ServingModel | None = None,
-                 path: str = ":memory:", telemetry_stride: int = 1) -> None:
+    def __init__(
+        self,
+        cost_config: CostConfig | None = None,
+        serving: ServingModel | None = None,
+        path: str = ":memory:",
+        telemetry_stride: int = 1,
+    ) -> None:
         self.cost_config = cost_config or CostConfig()
         self._prior = serving or ServingModel()
         self.path = path
@@ -141,12 +150,27 @@ class WorldStateModel:
         fm = ForwardModel(self._prior, self.cost_config)
         snap = self.snapshot(as_of)
         if not self._observed_fleet:  # the first plan is pre-warmed by the runtime: its floors start warm
+
             def prewarmed(plan: Plan) -> PredictedOutcome:
-                pools = tuple(PoolState(p.site, p.model, p.gpu, p.replica_floor, 0, 0, p.tp, p.precision,
-                                        float(p.sm_clock_mhz), p.max_batch) for p in plan.pools)
-                return fm.evaluate(replace(snap, pools=pools), plan, forecast)
+                pools = tuple(
+                    PoolState(
+                        p.site,
+                        p.model,
+                        p.gpu,
+                        p.replica_floor,
+                        0,
+                        0,
+                        p.tp,
+                        p.precision,
+                        float(p.sm_clock_mhz),
+                        p.max_batch,
+                    )
+                    for p in plan.pools
+                )
+                return _no_offer_no_violation(fm.evaluate(replace(snap, pools=pools), plan, forecast))
+
             return prewarmed
-        return lambda plan: fm.evaluate(snap, plan, forecast)
+        return lambda plan: _no_offer_no_violation(fm.evaluate(snap, plan, forecast))
 
     def serving(self) -> ServingModel:
         return self._serving
@@ -155,6 +179,21 @@ class WorldStateModel:
         if self.state is not None:
             self.state.close()
             self.state = None
+
+
+def _no_offer_no_violation(out: PredictedOutcome) -> PredictedOutcome:
+    """A class offered nothing this period has no violation rate to speak of (0/0 -> 0).
+
+    The forward model reports 100 % for a class whose model has no serving replica even when the class is
+    offered no requests (e.g. the drain, when a plan rightly scales a model to zero); the SLA gate then
+    rejects every plan. Workaround until worldmodel/forward.py treats zero offered load itself.
+    """
+    if not any(c.offered <= 0.0 and c.violation_rate > 0.0 for c in out.classes):
+        return out
+    classes = tuple(
+        replace(c, violation_rate=0.0, violation_rate_hi=0.0) if c.offered <= 0.0 else c for c in out.classes
+    )
+    return replace(out, classes=classes)
 
 
 class _InteractiveCompletions:
@@ -196,8 +235,9 @@ class _Backlog:
         left = np.sort(np.array([(d - as_of).total_seconds() for d in self.deadline.values()]))
         if len(left) > DEADLINE_SAMPLE:
             left = np.quantile(left, np.linspace(0.0, 1.0, DEADLINE_SAMPLE))
-        return replace(f, deferred_backlog_requests=len(self.deadline),
-                       deferred_deadlines_s=tuple(float(x) for x in left))
+        return replace(
+            f, deferred_backlog_requests=len(self.deadline), deferred_deadlines_s=tuple(float(x) for x in left)
+        )
 
 
 class ForecastingProvider:
@@ -225,8 +265,13 @@ class ForecastingProvider:
 
     oracle = False
 
-    def __init__(self, horizon_periods: int = 12, truth: dict[str, tuple[Any, Any]] | None = None,
-                 window_end_known: bool = True, window_periods: int | None = None) -> None:
+    def __init__(
+        self,
+        horizon_periods: int = 12,
+        truth: dict[str, tuple[Any, Any]] | None = None,
+        window_end_known: bool = True,
+        window_periods: int | None = None,
+    ) -> None:
         self.horizon_periods = horizon_periods
         self.window_periods = window_periods
         self.truth = truth
@@ -238,8 +283,9 @@ class ForecastingProvider:
     def start(self, ctx: PolicyContext, history: History) -> None:
         from forecasting.bundle import MarketForecaster
 
-        self.mf = MarketForecaster(ctx.markets[0], period_s=ctx.period_s, horizon_periods=self.horizon_periods,
-                                   seed=ctx.seed, truth=self.truth)
+        self.mf = MarketForecaster(
+            ctx.markets[0], period_s=ctx.period_s, horizon_periods=self.horizon_periods, seed=ctx.seed, truth=self.truth
+        )
         self.mf.start(history, as_of=ctx.window_start)
         self.backlog = _Backlog()
         periods = self.window_periods or ctx.periods
@@ -255,16 +301,20 @@ class ForecastingProvider:
         assert self.mf is not None, "start() first"
         raw = self.mf.forecast(as_of, periods)
         series = self.mf.last_forecasts
-        demand_conf = [series[f"arrivals/{c}"].confidence for c in ("code", "chat", "batch")
-                       if f"arrivals/{c}" in series]
+        demand_conf = [
+            series[f"arrivals/{c}"].confidence for c in ("code", "chat", "batch") if f"arrivals/{c}" in series
+        ]
         price = series.get("price")
         out = []
         for f in raw:
             drained = self.window_end_known and self._window_end is not None and f.period_start >= self._window_end
             conf = 1.0 if drained else float(min(demand_conf, default=0.0))
-            prov = {**f.provenance, "confidence": "arrivals forecasters (price: risk-adjusted objective)",
-                    "confidence.facade": f"{f.confidence:.3f}",
-                    "confidence.price": f"{price.confidence:.3f}" if price is not None else "n/a"}
+            prov = {
+                **f.provenance,
+                "confidence": "arrivals forecasters (price: risk-adjusted objective)",
+                "confidence.facade": f"{f.confidence:.3f}",
+                "confidence.price": f"{price.confidence:.3f}" if price is not None else "n/a",
+            }
             demand = f.demand
             if drained:
                 zero = Interval(0.0, 0.0, 0.0, 0.0, 0.0)
@@ -287,8 +337,9 @@ class OracleForecastProvider(ForecastingProvider):
 
     oracle = True
 
-    def __init__(self, workload: Any, period_s: float = 300.0, horizon_periods: int = 12,
-                 window_periods: int | None = None) -> None:
+    def __init__(
+        self, workload: Any, period_s: float = 300.0, horizon_periods: int = 12, window_periods: int | None = None
+    ) -> None:
         super().__init__(horizon_periods, realized_series(workload, period_s), window_periods=window_periods)
 
 
@@ -313,17 +364,33 @@ def realized_series(workload: Any, period_s: float) -> dict[str, tuple[np.ndarra
             y = np.zeros(n) if kind == "arrivals" else np.full(n, np.nan)
             y[ks] = part[kind].to_numpy().astype(float)
             if kind != "arrivals":  # a period without arrivals of the class keeps the previous size
-                y = pl.Series(y).fill_nan(None).fill_null(strategy="forward").fill_null(strategy="backward") \
-                    .fill_null(0.0).to_numpy()
+                y = (
+                    pl.Series(y)
+                    .fill_nan(None)
+                    .fill_null(strategy="forward")
+                    .fill_null(strategy="backward")
+                    .fill_null(0.0)
+                    .to_numpy()
+                )
             out[f"{kind}/{c}"] = (y, steps)
-    prices = workload.prices.sort("interval_start", "published_at").unique("interval_start", keep="last") \
+    prices = (
+        workload.prices.sort("interval_start", "published_at")
+        .unique("interval_start", keep="last")
         .sort("interval_start")
+    )
     out["price"] = (prices["lmp_usd_mwh"].to_numpy().astype(float), prices["interval_start"].to_list())
     return out
 
 
-def build_policy(name: str, workload: Any = None, seed: int = 0, reference: str = DEFAULT_REFERENCE,
-                 period_s: float = 300.0, window_periods: int | None = None, **kwargs: Any) -> Policy:
+def build_policy(
+    name: str,
+    workload: Any = None,
+    seed: int = 0,
+    reference: str = DEFAULT_REFERENCE,
+    period_s: float = 300.0,
+    window_periods: int | None = None,
+    **kwargs: Any,
+) -> Policy:
     """A ready-to-run policy by name: references via the registry, aurelius arms with the real adapters.
 
     Parameters
@@ -349,5 +416,12 @@ def build_policy(name: str, workload: Any = None, seed: int = 0, reference: str 
         provider: ForecastingProvider = OracleForecastProvider(workload, period_s, horizon, window_periods)
     else:
         provider = ForecastingProvider(horizon, window_periods=window_periods)
-    return AureliusPolicy(name=name, reference=reference, seed=seed, forecast_provider=provider,
-                          world_model=WorldStateModel(), **arm, **kwargs)
+    return AureliusPolicy(
+        name=name,
+        reference=reference,
+        seed=seed,
+        forecast_provider=provider,
+        world_model=WorldStateModel(),
+        **arm,
+        **kwargs,
+    )

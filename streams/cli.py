@@ -23,9 +23,7 @@ def _window_flags(p: argparse.ArgumentParser) -> None:
         default="max",
         help="max: most expensive contiguous 3 h by mean price; median: a 3 h run whose mean is the year's median",
     )
-    p.add_argument(
-        "--periods", type=int, default=None, help="control periods in the window (default: 3 h worth)"
-    )
+    p.add_argument("--periods", type=int, default=None, help="control periods in the window (default: 3 h worth)")
     p.add_argument("--period-minutes", type=float, default=5.0, help="control period length (min)")
     p.add_argument(
         "--source",
@@ -58,9 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="one: a site per market; three: one shared workload served by a site in every market (residency)",
     )  # fmt: skip
     p.add_argument("--emit-observations", action="store_true", help="write the observation stream under OUT/")
-    p.add_argument(
-        "--fp8-speedup-scale", type=float, default=1.0, help="sensitivity: scale the modeled FP8 gain"
-    )
+    p.add_argument("--fp8-speedup-scale", type=float, default=1.0, help="sensitivity: scale the modeled FP8 gain")
     p.add_argument(
         "--clock-power-exponent",
         type=float,
@@ -68,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="sensitivity: override the modeled clock-power exponent",
     )
     p.add_argument("--out", default="out/replay", help="output directory")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="worker processes (one job = one market/seed workload under every policy)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(_run="worldmodel.groundtruth.replay_cli:run")
 
@@ -75,9 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="WHAT")
     d = dsub.add_parser("list", help="list bundled data sets with span, rows, license")
     d.set_defaults(_run="streams.datasets.cli:run_list")
-    d = dsub.add_parser(
-        "window", help="show the window(s) a replay would use: span, mean price, requests per class"
-    )
+    d = dsub.add_parser("window", help="show the window(s) a replay would use: span, mean price, requests per class")
     _window_flags(d)
     d.set_defaults(_run="streams.datasets.cli:run_window")
 
@@ -85,9 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markets", default=",".join(MARKETS))
     p.add_argument("--years", default="2021,2022,2023,2024")
     p.add_argument("--horizon", type=int, default=24, help="steps ahead (hours for prices)")
-    p.add_argument(
-        "--origins", type=int, default=None, help="rolling origins per series (default: all weeks)"
-    )
+    p.add_argument("--origins", type=int, default=None, help="rolling origins per series (default: all weeks)")
     p.add_argument("--out", default="out/forecast")
     p.set_defaults(_run="forecasting.eval_cli:run")
 
@@ -111,9 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="watermark = max event time - this (s; default 30)",
     )
-    p.add_argument(
-        "--start", default=None, help="start of period 0, ISO 8601 UTC (default: first record's period)"
-    )
+    p.add_argument("--start", default=None, help="start of period 0, ISO 8601 UTC (default: first record's period)")
     p.add_argument("--group-id", default=None, help="consumer group / faust app id (default aurelius-worker)")
     p.set_defaults(_run="streams.worker_cli:run")
 
@@ -137,14 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("query", help='e.g. "SELECT policy, count(*) FROM audit GROUP BY 1"')
     a.add_argument("--audit-dir", default="audit")
     a.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
-    a.add_argument(
-        "--output", default=None, help="file for csv/json/parquet (default stdout; parquet needs it)"
-    )
+    a.add_argument("--output", default=None, help="file for csv/json/parquet (default stdout; parquet needs it)")
     a.set_defaults(_run="sinks.sql:run")
 
-    p = sub.add_parser(
-        "broker", help="local Kafka-compatible broker (Tansu, in memory) for a demo; NOT production"
-    )
+    p = sub.add_parser("broker", help="local Kafka-compatible broker (Tansu, in memory) for a demo; NOT production")
     p.add_argument("--port", type=int, default=9092)
     p.add_argument("--topic-prefix", default="aurelius.")
     p.set_defaults(_run="streams.broker:run")

@@ -1,20 +1,36 @@
 """The event-time control-period clock: watermark, period closes and late records.
 
-Periods are `[origin + k * period_s, origin + (k + 1) * period_s)`. The watermark is the largest event
-time seen minus the allowed lateness; period k closes once the watermark reaches its end. A record whose
-period has already closed is late: it is still ingested (flagged) and counted, never dropped.
+Period k is `(origin + k * period_s, origin + (k + 1) * period_s]`: a record stamped exactly at a period's
+end belongs to it, because the decision made at that instant sees it (the embedded replay delivers what
+was observable by `as_of`, inclusive; a price published at 17:00 reaches the 17:00 decision). The
+watermark is the largest clock time seen minus the allowed lateness; period k closes once the watermark
+is past its end. A record whose period has already closed is late: it is still ingested (flagged) and
+counted, never dropped. Times are kept as integer microseconds since the epoch, so the per-record work
+is a few integer operations.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+def to_us(at: datetime) -> int:
+    """A tz-aware instant as integer microseconds since the Unix epoch (us)."""
+    return (at - EPOCH) // _US
+
+
+def from_us(us: int) -> datetime:
+    """Integer microseconds since the Unix epoch (us) as a UTC datetime."""
+    return EPOCH + timedelta(microseconds=us)
 
 
 @dataclass(frozen=True)
 class Tick:
-    """What observing one event time did.
+    """What observing one clock time did.
 
     period_index : the record's period (< 0 before the origin: history, late only once period 0 closed).
     late : its period had already closed.
@@ -34,19 +50,19 @@ class PeriodClock:
     ----------
     period_s : control period length (s).
     allowed_lateness_s : how far event time may run behind the largest seen before a period closes (s).
-    origin : start of period 0 (UTC); None takes the first event time, floored to a whole period.
-    max_event_at : largest event time seen so far (restored from the store on restart).
+    origin : start of period 0 (UTC); None takes the first clock time's period on the epoch grid.
+    max_event_at : largest clock time seen so far (restored from the store on restart).
     closed_through : last closed period index (-1: none), restored on restart.
 
     Examples
     --------
     >>> t0 = datetime(2023, 7, 1, tzinfo=UTC)
     >>> c = PeriodClock(period_s=300, allowed_lateness_s=30, origin=t0)
-    >>> c.observe(t0 + timedelta(seconds=320)).closed     # watermark 290 s: period 0 still open
+    >>> c.observe(t0 + timedelta(seconds=330)).closed     # watermark 300 s: period 0 = (0, 300] still open
     ()
     >>> c.observe(t0 + timedelta(seconds=335)).closed     # watermark 305 s: period 0 closes
     (0,)
-    >>> c.observe(t0 + timedelta(seconds=100)).late
+    >>> c.observe(t0 + timedelta(seconds=300)).late       # the end of period 0 belongs to period 0
     True
     """
 
@@ -55,44 +71,57 @@ class PeriodClock:
     origin: datetime | None = None
     max_event_at: datetime | None = None
     closed_through: int = -1
-    _period: timedelta = field(init=False, repr=False)
+    _period_us: int = field(init=False, repr=False)
+    _lateness_us: int = field(init=False, repr=False)
+    _origin_us: int | None = field(init=False, repr=False, default=None)
+    _max_us: int | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         if self.period_s <= 0 or self.allowed_lateness_s < 0:
             raise ValueError("period_s must be > 0 and allowed_lateness_s >= 0")
-        self._period = timedelta(seconds=self.period_s)
+        self._period_us = round(self.period_s * 1e6)
+        self._lateness_us = round(self.allowed_lateness_s * 1e6)
+        self._origin_us = None if self.origin is None else to_us(self.origin)
+        self._max_us = None if self.max_event_at is None else to_us(self.max_event_at)
+
+    def _index(self, us: int) -> int:
+        assert self._origin_us is not None
+        return -((self._origin_us - us) // self._period_us) - 1  # ceil((us - origin) / period) - 1
 
     def period_of(self, at: datetime) -> int:
         """Index of the period containing `at` (the origin must be set)."""
-        assert self.origin is not None
-        return math.floor((at - self.origin) / self._period)
+        return self._index(to_us(at))
 
     def start_of(self, index: int) -> datetime:
-        """Start of period `index` (UTC)."""
-        assert self.origin is not None
-        return self.origin + index * self._period
+        """Start of period `index` (UTC): also the end of period index - 1 and the decision time."""
+        assert self._origin_us is not None
+        return from_us(self._origin_us + index * self._period_us)
 
     def watermark(self) -> datetime | None:
-        """Largest event time seen minus the allowed lateness; None before the first record."""
-        if self.max_event_at is None:
-            return None
-        return self.max_event_at - timedelta(seconds=self.allowed_lateness_s)
+        """Largest clock time seen minus the allowed lateness; None before the first record."""
+        return None if self._max_us is None else from_us(self._max_us - self._lateness_us)
+
+    def observe_us(self, us: int) -> tuple[int, bool]:
+        """Account one clock time (us since the epoch); return (its period, late). Updates `closed_through`."""
+        if self._origin_us is None:
+            self._origin_us = us // self._period_us * self._period_us
+            self.origin = from_us(self._origin_us)
+        index = -((self._origin_us - us) // self._period_us) - 1
+        late = 0 <= self.closed_through and index <= self.closed_through
+        if self._max_us is None or us > self._max_us:
+            self._max_us = us
+            through = self._index(us - self._lateness_us) - 1
+            if through > self.closed_through:
+                self.closed_through = through
+        return index, late
 
     def observe(self, at: datetime) -> Tick:
-        """Account one record's event time `at` (tz-aware UTC)."""
-        if self.origin is None:
-            epoch = datetime(1970, 1, 1, tzinfo=UTC)
-            self.origin = epoch + math.floor((at - epoch) / self._period) * self._period
-        index = self.period_of(at)
-        late = 0 <= self.closed_through and index <= self.closed_through
-        if self.max_event_at is None or at > self.max_event_at:
-            self.max_event_at = at
-        wm = self.watermark()
-        assert wm is not None
-        through = self.period_of(wm) - 1
-        closed: tuple[int, ...] = ()
-        if through > self.closed_through:
-            first = max(self.closed_through + 1, 0)
-            closed = tuple(range(first, through + 1))
-            self.closed_through = through
-        return Tick(index, late, closed)
+        """Account one record's clock time `at` (tz-aware)."""
+        before = self.closed_through
+        index, late = self.observe_us(to_us(at))
+        return Tick(index, late, tuple(range(max(before + 1, 0), self.closed_through + 1)))
+
+    def sync(self) -> None:
+        """Refresh the datetime views (`origin`, `max_event_at`) from the integer state."""
+        self.origin = None if self._origin_us is None else from_us(self._origin_us)
+        self.max_event_at = None if self._max_us is None else from_us(self._max_us)

@@ -1,15 +1,16 @@
 """The worker's durable state behind one small interface: observations, consumed offsets, clock, counts.
 
-Everything a micro-batch changes is committed in one DuckDB transaction, with the consumer offsets that
-produced it, so a restarted worker resumes exactly where its state ends (offsets at or below the stored
-position are skipped as already ingested). Observations are keyed per kind (`IDEMPOTENCY_KEYS`); a
-re-delivered record with a known key is ignored, so replaying the same records twice gives the same state.
+Everything a micro-batch changes is committed in ONE DuckDB transaction: the world model's idempotent
+`WorldState.ingest` inserts the records and the consumer positions, and, through its `extra` hook, the
+worker's ledger in the same transaction: per kind, the record keys with the decision period that sees
+them and the late flag (`worker_ledger_<kind>`), the worker's positions, clock and counters
+(`worker_positions`, `worker_state`). A restarted worker resumes exactly where its state ends (offsets at
+or below the stored position are skipped as already ingested). Records are keyed per kind
+(`IDEMPOTENCY_KEYS`, the world model's primary keys); a re-delivered record with a known key is a
+duplicate, so replaying the same records twice gives the same state.
 
-`DuckDBIngestor` keeps the worker's ledger (observation payloads by decision period, positions, clock,
-counts) in `worker_*` tables of the world model's DuckDB file and forwards each batch to the world
-model's idempotent `WorldState.ingest` first. The two are separate transactions, in that order: a crash
-between them replays the batch, which the world model ignores as duplicates (same keys) and the ledger
-then records, so neither loses a record.
+A decision reads its observations from the world model's tables joined with the ledger on the key: no
+record is stored twice, and the frames come back typed (no JSON on the decision path).
 """
 
 from __future__ import annotations
@@ -21,16 +22,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import duckdb
 import polars as pl
 
 from streams.records import frame_schema
 from worldmodel.state.migrations import RAW_KINDS
-from worldmodel.state.store import WorldState
+from worldmodel.state.store import IngestResult, WorldState
 
 #: Fields that identify one record of each input kind: the world model's primary keys.
 IDEMPOTENCY_KEYS: dict[str, tuple[str, ...]] = {kind: raw.key for kind, raw in RAW_KINDS.items()}
 
 COUNTERS = ("records_in", "processed", "dead_letters", "late", "duplicates", "skipped_redelivered")
+
+_PARSE_TS = "%Y-%m-%dT%H:%M:%S%.f%#z"
 
 
 def frame_from_json(kind: str, values: list[bytes]) -> pl.DataFrame:
@@ -42,7 +46,7 @@ def frame_from_json(kind: str, values: list[bytes]) -> pl.DataFrame:
     text = {n: pl.String if isinstance(d, pl.Datetime) else d for n, d in schema.items()}
     df = pl.read_ndjson(io.BytesIO(b"\n".join(values)), schema=text)
     return df.with_columns(
-        pl.col(n).str.to_datetime(time_unit="us", time_zone="UTC") for n, d in schema.items()
+        pl.col(n).str.to_datetime(_PARSE_TS, time_unit="us", time_zone="UTC") for n, d in schema.items()
         if isinstance(d, pl.Datetime)
     )
 
@@ -71,18 +75,35 @@ class WorkerState:
 
 
 @dataclass
-class IngestBatch:
-    """One micro-batch: rows to ingest plus the state after it.
+class KindRows:
+    """The validated records of one kind in a micro-batch, in consumption order.
 
-    rows : columns of `ROW_SCHEMA` (kind, key, event_at, period_index, decision_period, late, payload,
-        topic, partition, offset).
-    records : kind -> the validated records' raw JSON values, for the world model.
-    state : the state after the batch.
+    values : the records' JSON values (bytes).
+    decision_period : the decision that sees each record (period index).
+    late : whether each record was late.
     """
 
-    rows: pl.DataFrame
-    records: dict[str, list[bytes]]
+    values: list[bytes] = field(default_factory=list)
+    decision_period: list[int] = field(default_factory=list)
+    late: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class IngestBatch:
+    """One micro-batch: records per kind plus the worker state after it (a snapshot of it)."""
+
+    rows: dict[str, KindRows]
     state: WorkerState
+
+    def __post_init__(self) -> None:
+        st = self.state
+        self.state = WorkerState(dict(st.positions), st.origin, st.max_event_at, st.closed_through,
+                                 st.decided_through, st.counts)
+
+    @property
+    def size(self) -> int:
+        """Records in the batch (count)."""
+        return sum(len(r.values) for r in self.rows.values())
 
 
 class Ingestor(Protocol):
@@ -91,11 +112,11 @@ class Ingestor(Protocol):
     def load_state(self) -> WorkerState: ...
 
     def commit(self, batch: IngestBatch) -> int:
-        """Ingest rows, positions, clock and counts atomically; return rows new to the store."""
+        """Ingest records, positions, clock and counts atomically; return records new to the store."""
         ...
 
-    def observations(self, period_index: int) -> tuple[dict[str, list[dict[str, Any]]], int]:
-        """Records (per kind) that the decision for `period_index` sees, and how many of them are late."""
+    def observations(self, period_index: int) -> tuple[dict[str, pl.DataFrame], int]:
+        """Typed frames (per kind) that the decision for `period_index` sees, and how many records are late."""
         ...
 
     def mark_decided(self, period_index: int) -> None: ...
@@ -103,17 +124,17 @@ class Ingestor(Protocol):
     def close(self) -> None: ...
 
 
-ROW_SCHEMA = {
-    "kind": pl.String, "key": pl.String, "event_at": pl.Datetime("us", "UTC"), "period_index": pl.Int64,
-    "decision_period": pl.Int64, "late": pl.Boolean, "payload": pl.String, "topic": pl.String,
-    "partition": pl.Int32, "offset": pl.Int64,
-}
+def _ledger_ddl(kind: str) -> str:
+    raw = RAW_KINDS[kind]
+    types = dict(raw.columns)
+    cols = ", ".join(f'"{k}" {types[k].replace("NOT NULL", "").strip()}' for k in raw.key)
+    keys = ", ".join(f'"{k}"' for k in raw.key)
+    return (f"CREATE TABLE IF NOT EXISTS worker_ledger_{kind} ({cols}, decision_period BIGINT, late BOOLEAN, "
+            f"PRIMARY KEY ({keys}));")
 
-_DDL = """
-CREATE TABLE IF NOT EXISTS worker_observations (
-    kind VARCHAR, key VARCHAR, event_at TIMESTAMPTZ, period_index BIGINT, decision_period BIGINT,
-    late BOOLEAN, payload VARCHAR, topic VARCHAR, "partition" INTEGER, "offset" BIGINT,
-    PRIMARY KEY (kind, key));
+
+_DDL = "\n".join(_ledger_ddl(k) for k in RAW_KINDS) + """
+CREATE INDEX IF NOT EXISTS worker_ledger_period ON worker_ledger_request_arrival (decision_period);
 CREATE TABLE IF NOT EXISTS worker_positions (
     topic VARCHAR, "partition" INTEGER, "offset" BIGINT, PRIMARY KEY (topic, "partition"));
 CREATE TABLE IF NOT EXISTS worker_state (name VARCHAR PRIMARY KEY, value VARCHAR);
@@ -154,49 +175,60 @@ class DuckDBIngestor:
         st.counts.update(json.loads(kv.get("counts", "{}")))
         return st
 
-    def _put_state(self, st: WorkerState) -> None:
-        kv = {"closed_through": str(st.closed_through), "counts": json.dumps(st.counts)}
-        if st.origin is not None:
-            kv["origin"] = st.origin.isoformat()
-        if st.max_event_at is not None:
-            kv["max_event_at"] = st.max_event_at.isoformat()
-        self.con.executemany("INSERT OR REPLACE INTO worker_state VALUES (?, ?)", list(kv.items()))
-
     def commit(self, batch: IngestBatch) -> int:
-        if batch.records:
-            frames = {k: frame_from_json(k, rows) for k, rows in batch.records.items() if rows}
-            self.world.ingest(frames, {tp: o + 1 for tp, o in batch.state.positions.items()})
-        con = self.con
-        con.execute("BEGIN TRANSACTION").fetchall()
-        try:
-            new = 0
-            if batch.rows.height:
-                con.register("_batch", batch.rows)
-                sql = "INSERT OR IGNORE INTO worker_observations SELECT * FROM _batch"
-                (new,) = con.execute(sql).fetchone()
-                con.unregister("_batch")
-            con.executemany(
-                "INSERT OR REPLACE INTO worker_positions VALUES (?, ?, ?)",
-                [(t, p, o) for (t, p), o in batch.state.positions.items()],
-            )
-            batch.state.counts["duplicates"] += batch.rows.height - new
-            self._put_state(batch.state)
-            con.execute("COMMIT").fetchall()
-        except BaseException:
-            con.execute("ROLLBACK").fetchall()
-            raise
-        return int(new)
+        frames: dict[str, pl.DataFrame] = {}
+        for kind, kr in batch.rows.items():
+            if kr.values:
+                frames[kind] = frame_from_json(kind, kr.values).with_columns(
+                    pl.Series("_decision_period", kr.decision_period, pl.Int64),
+                    pl.Series("_late", kr.late, pl.Boolean),
+                )
+        new = 0
 
-    def observations(self, period_index: int) -> tuple[dict[str, list[dict[str, Any]]], int]:
-        out: dict[str, list[dict[str, Any]]] = {}
+        def ledger(con: duckdb.DuckDBPyConnection, result: IngestResult) -> None:
+            nonlocal new
+            for kind, frame in frames.items():
+                raw = RAW_KINDS[kind]
+                defaults = dict(raw.key_defaults)
+                keys = ", ".join(f'coalesce("{k}", {defaults[k]})' if k in defaults else f'"{k}"' for k in raw.key)
+                con.register("_ledger", frame.select(*raw.key, "_decision_period", "_late").to_arrow())
+                try:
+                    (n,) = con.execute(f"INSERT INTO worker_ledger_{kind} SELECT {keys}, _decision_period, _late "
+                                       "FROM _ledger ON CONFLICT DO NOTHING").fetchall()[0]
+                finally:
+                    con.unregister("_ledger")
+                new += int(n)
+            st = batch.state
+            st.counts["duplicates"] += batch.size - new
+            con.executemany('INSERT OR REPLACE INTO worker_positions VALUES (?, ?, ?)',
+                            [(t, p, o) for (t, p), o in st.positions.items()])
+            kv = {"closed_through": str(st.closed_through), "counts": json.dumps(st.counts)}
+            if st.origin is not None:
+                kv["origin"] = st.origin.isoformat()
+            if st.max_event_at is not None:
+                kv["max_event_at"] = st.max_event_at.isoformat()
+            con.executemany("INSERT OR REPLACE INTO worker_state VALUES (?, ?)", list(kv.items()))
+
+        self.world.ingest(frames, {tp: o + 1 for tp, o in batch.state.positions.items()}, extra=ledger)
+        return new
+
+    def observations(self, period_index: int) -> tuple[dict[str, pl.DataFrame], int]:
+        out: dict[str, pl.DataFrame] = {}
         late = 0
-        for kind, payload, is_late in self.con.execute(
-            "SELECT kind, payload, late FROM worker_observations WHERE decision_period = ? "
-            "ORDER BY event_at, key",
-            [period_index],
-        ).fetchall():
-            out.setdefault(kind, []).append(json.loads(payload))
-            late += bool(is_late)
+        for kind, raw in RAW_KINDS.items():
+            defaults = dict(raw.key_defaults)
+            on = " AND ".join(
+                f'{f"coalesce(t.{k}, {defaults[k]})" if k in defaults else f"t.{k}"} = w."{k}"' for k in raw.key
+            )
+            schema = frame_schema(kind)
+            cols = ", ".join(f't."{c}"' for c in schema)
+            order = ", ".join(f't."{k}"' for k in ("published_at" if kind == "price" else "event_at", *raw.key))
+            df = self.con.sql(
+                f'SELECT {cols}, w.late AS _late FROM "{raw.table}" t JOIN worker_ledger_{kind} w ON {on} '
+                f"WHERE w.decision_period = {int(period_index)} ORDER BY {order}"
+            ).pl()
+            late += int(df["_late"].sum()) if df.height else 0
+            out[kind] = df.drop("_late").cast(schema)  # type: ignore[arg-type]
         return out, late
 
     def mark_decided(self, period_index: int) -> None:

@@ -1,36 +1,51 @@
-"""The worker's processing, free of any transport: validate, dead-letter, clock, micro-batch rows.
+"""The worker's processing, free of any transport: map, validate, dead-letter, clock, micro-batch rows.
 
-`Pipeline.step` turns one micro-batch of consumed records into (a) dead letters to publish, (b) rows and
-the new state to commit in one transaction, and (c) the decisions now due. The driver (streams/app.py,
-faust) publishes the dead letters, then commits, then makes and publishes the decisions, then lets the
-consumer commit its offsets: a crash anywhere replays records whose effects are idempotent.
+`Pipeline.step` turns one micro-batch of consumed records into (a) dead letters to publish, (b) the
+validated values and the new state to commit in one transaction, and (c) the decisions now due. The driver
+(streams/app.py) publishes the dead letters, then commits, then makes and publishes the decisions: a crash
+anywhere replays records whose effects are idempotent.
 Counts reconcile: records_in = processed + dead_letters (skipped re-deliveries are counted apart).
+
+Validation has a fast path. The JSON Schema files stay the contract; from each one a pydantic-core
+validator is derived (`fast_validator`) that accepts a subset of what the schema accepts (strict types,
+same enums, bounds, lengths, date-time pattern, no unknown fields) and parses JSON in Rust. A record it
+accepts is schema-valid (tests/streams/test_equivalence.py checks this on good and mutated records); a
+record it rejects goes through `schemas.decode` (fastjsonschema), which decides and words the reason.
+
+Foreign records (no `schema_version`) are mapped with the `--field-map` TOML (`streams.fieldmap`) before
+validation: the source is the `aurelius.source` header if present, else the one configured source of the
+topic's kind whose shape matches (a Prometheus sample by metric name); an ambiguous or unmappable record
+is dead-lettered with the reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
+from typing import Any
 
-import polars as pl
-
-from schemas import SchemaError, decode
-from streams.clock import PeriodClock
+from schemas import SchemaError, decode, load
+from streams.clock import PeriodClock, to_us
 from streams.dead_letter import DeadLetter
-from streams.ingest import ROW_SCHEMA, IngestBatch, WorkerState, record_key
+from streams.ingest import IngestBatch, KindRows, WorkerState
 from streams.records import ts_from_wire
 from streams.topics import Topics
+
+SOURCE_HEADER = "aurelius.source"
 
 
 @dataclass(frozen=True)
 class Inbound:
-    """One consumed record: where it came from and its raw value (bytes, None for a tombstone)."""
+    """One consumed record: where it came from, its raw value (bytes, None for a tombstone), headers."""
 
     topic: str
     partition: int
     offset: int
     value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,17 +75,111 @@ def dead_letter(msg: Inbound, exc: SchemaError, dlq_topic: str) -> Outbound:
     return Outbound(dlq_topic, key, dl.value(), tuple(dl.headers))
 
 
-def clock_time(kind: str, record: dict[str, object]) -> datetime:
-    """The instant a record drives the period clock with: when it became observable.
+def clock_field(kind: str) -> str:
+    """The field a record drives the period clock with: when it became observable.
 
     A price is observable at `published_at` (a day-ahead price for tomorrow must not close today's
     periods); every other kind at `event_at`.
     """
-    return ts_from_wire(str(record["published_at" if kind == "price" else "event_at"]))
+    return "published_at" if kind == "price" else "event_at"
+
+
+def clock_time(kind: str, record: dict[str, object]) -> datetime:
+    """The instant (UTC) a validated record drives the period clock with (see `clock_field`)."""
+    return ts_from_wire(str(record[clock_field(kind)]))
+
+
+# --- fast path: a pydantic-core validator derived from each JSON Schema file ---
+
+_SUPPORTED = {"type", "enum", "const", "minimum", "maximum", "minLength", "maxLength", "format", "items",
+              "description", "title", "examples", "$comment", "default"}
+
+
+def _date_time_pattern() -> str:
+    from fastjsonschema.draft04 import CodeGeneratorDraft04
+
+    return CodeGeneratorDraft04.FORMAT_REGEXS["date-time"]
+
+
+def _core(prop: dict[str, Any]) -> Any:
+    """The pydantic-core schema of one JSON Schema property, or None where it is not a sound subset."""
+    from pydantic_core import core_schema as cs
+
+    if set(prop) - _SUPPORTED:
+        return None
+    types = prop.get("type")
+    types = [types] if isinstance(types, str) else list(types or [])
+    nullable = "null" in types
+    types = [t for t in types if t != "null"]
+    if len(types) != 1:
+        return None
+    t, fmt = types[0], prop.get("format")
+    if "enum" in prop or "const" in prop:
+        values = [v for v in prop.get("enum", [prop.get("const")]) if v is not None]
+        if t != "string" or not all(isinstance(v, str) for v in values) or fmt:
+            return None
+        schema: Any = cs.literal_schema(values)
+    elif t == "string":
+        if fmt not in (None, "date-time"):
+            return None
+        schema = cs.str_schema(strict=True, min_length=prop.get("minLength"), max_length=prop.get("maxLength"),
+                               pattern=_date_time_pattern() if fmt else None, regex_engine="python-re")
+    elif t in ("integer", "number"):
+        make = cs.int_schema if t == "integer" else cs.float_schema
+        extra = {} if t == "integer" else {"allow_inf_nan": False}
+        schema = make(strict=True, ge=prop.get("minimum"), le=prop.get("maximum"), **extra)
+    elif t == "boolean":
+        schema = cs.bool_schema(strict=True)
+    elif t == "array" and isinstance(prop.get("items"), dict):
+        item = _core(prop["items"])
+        if item is None:
+            return None
+        schema = cs.list_schema(item, strict=True)
+    else:
+        return None
+    return cs.nullable_schema(schema) if nullable else schema
+
+
+@cache
+def fast_validator(kind: str) -> Callable[[bytes], dict[str, Any]] | None:
+    """A JSON-bytes validator of `kind` that accepts only schema-valid records, or None if none derives.
+
+    It raises `pydantic_core.ValidationError` for anything it does not accept (the caller then asks the
+    schema validator, which may still accept, e.g. `1.0` for an integer).
+    """
+    from pydantic_core import SchemaValidator
+    from pydantic_core import core_schema as cs
+
+    spec = load(kind)
+    if spec.get("type") != "object" or spec.get("additionalProperties") is not False:
+        return None
+    if set(spec) - {"$schema", "$id", "title", "description", "type", "required", "additionalProperties",
+                    "properties"}:
+        return None
+    required = set(spec.get("required", []))
+    fields = {}
+    for name, prop in spec["properties"].items():
+        core = _core(prop)
+        if core is None:
+            return None
+        fields[name] = cs.typed_dict_field(core, required=name in required)
+    validator = SchemaValidator(cs.typed_dict_schema(fields, extra_behavior="forbid", strict=True))
+    return validator.validate_json
+
+
+def validate_value(kind: str, value: bytes) -> dict[str, Any]:
+    """Decode and validate one wire value: the fast path, else `schemas.decode` (which words the reason)."""
+    fast = fast_validator(kind)
+    if fast is not None:
+        try:
+            return fast(value)
+        except ValueError:  # pydantic_core.ValidationError is a ValueError
+            pass
+    return decode(kind, value)
 
 
 class Pipeline:
-    """Validates micro-batches and drives the period clock; holds no I/O.
+    """Maps, validates and clocks micro-batches; holds no I/O.
 
     Parameters
     ----------
@@ -79,15 +188,18 @@ class Pipeline:
     period_s : control period length (s).
     allowed_lateness_s : watermark lag behind the largest clock time (s).
     origin : start of period 0 (UTC); None takes the first record's period (or the stored origin).
+    field_map : a `streams.fieldmap.FieldMap` for foreign producers, or None (foreign records dead-letter).
     """
 
     def __init__(self, topics: Topics, state: WorkerState, period_s: float, allowed_lateness_s: float,
-                 origin: datetime | None = None) -> None:
+                 origin: datetime | None = None, field_map: Any = None) -> None:
         self.topics = topics
         self.state = state
         self.clock = PeriodClock(period_s, allowed_lateness_s, origin=state.origin or origin,
                                  max_event_at=state.max_event_at, closed_through=state.closed_through)
+        self.field_map = field_map
         self._kinds = {t.name: topics.kind_of(t.name) for t in topics.inputs()}
+        self._fast = {k: fast_validator(k) for k in set(self._kinds.values())}
 
     def due_decisions(self) -> list[int]:
         """Periods whose decision is owed: period 0 once the origin is known, k + 1 once k has closed."""
@@ -95,45 +207,92 @@ class Pipeline:
             return []
         return list(range(self.state.decided_through + 1, self.clock.closed_through + 2))
 
+    def _validate(self, kind: str, msg: Inbound) -> tuple[dict[str, Any], bytes]:
+        """(record, value to store): the value itself, or the mapped record's JSON for a foreign one."""
+        if msg.value is None:
+            raise SchemaError(kind, "null value (tombstone) where a record was expected")
+        fast = self._fast[kind]
+        if fast is not None:
+            try:
+                return fast(msg.value), msg.value
+            except ValueError:
+                pass
+        if self.field_map is not None:
+            try:
+                raw = json.loads(msg.value)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                raw = None
+            if isinstance(raw, dict) and "schema_version" not in raw:
+                record = self._map(kind, msg, raw)
+                return record, json.dumps(record).encode()
+        return decode(kind, msg.value), msg.value
+
+    def _map(self, kind: str, msg: Inbound, raw: dict[str, Any]) -> dict[str, Any]:
+        from streams.fieldmap import FieldMapError
+
+        fm = self.field_map
+        named = dict(msg.headers).get(SOURCE_HEADER)
+        if named is not None:
+            source = named.decode()
+        else:
+            fits = [n for n, s in fm.sources.items() if s.kind == kind and _shape_fits(s, raw)]
+            if len(fits) != 1:
+                why = "no configured source fits" if not fits else f"sources {fits} all fit"
+                raise FieldMapError(kind, "field-map", f"foreign record on {msg.topic}: {why}; "
+                                    f"name one in header {SOURCE_HEADER!r}")
+            source = fits[0]
+        mapped_kind, record = fm.apply(source, raw, arrived_at=None)
+        if mapped_kind != kind:
+            raise FieldMapError(kind, source, f"maps to {mapped_kind}, but {msg.topic} carries {kind}")
+        return record
+
     def step(self, records: Sequence[Inbound]) -> StepResult:
-        st, counts = self.state, self.state.counts
+        st, counts, clock = self.state, self.state.counts, self.clock
         dlq = self.topics.dead_letters.name
         dead: list[Outbound] = []
-        rows: dict[str, list[object]] = {k: [] for k in ROW_SCHEMA}
-        records_by_kind: dict[str, list[bytes]] = {}
+        rows: dict[str, KindRows] = {}
+        positions = st.positions
         for msg in records:
             pos = (msg.topic, msg.partition)
-            if msg.offset <= st.positions.get(pos, -1):
+            if msg.offset <= positions.get(pos, -1):
                 counts["skipped_redelivered"] += 1
                 continue
-            st.positions[pos] = msg.offset
+            positions[pos] = msg.offset
             counts["records_in"] += 1
             kind = self._kinds[msg.topic]
             try:
-                if msg.value is None:
-                    raise SchemaError(kind, "null value (tombstone) where a record was expected")
-                record = decode(kind, msg.value)
+                record, value = self._validate(kind, msg)
                 at = clock_time(kind, record)
             except SchemaError as exc:
                 dead.append(dead_letter(msg, exc, dlq))
                 counts["dead_letters"] += 1
                 continue
-            records_by_kind.setdefault(kind, []).append(msg.value)
-            tick = self.clock.observe(at)
+            except ValueError as exc:  # a pattern-valid time that does not exist (e.g. second 60)
+                dead.append(dead_letter(msg, SchemaError(kind, f"unreadable time: {exc}", clock_field(kind)), dlq))
+                counts["dead_letters"] += 1
+                continue
+            index, late = clock.observe_us(to_us(at))
             counts["processed"] += 1
-            if tick.late:
+            if late:
                 counts["late"] += 1
             # late: seen by the next decision still to be made; else by the one at its period's close
-            decision_period = self.clock.closed_through + 2 if tick.late else max(tick.period_index + 1, 1)
-            for name, value in (
-                ("kind", kind), ("key", record_key(kind, record)), ("event_at", at),
-                ("period_index", tick.period_index),
-                ("decision_period", decision_period),
-                ("late", tick.late), ("payload", msg.value.decode()), ("topic", msg.topic),
-                ("partition", msg.partition), ("offset", msg.offset),
-            ):
-                rows[name].append(value)
-        st.origin, st.max_event_at = self.clock.origin, self.clock.max_event_at
-        st.closed_through = self.clock.closed_through
-        frame = pl.DataFrame(rows, schema=ROW_SCHEMA)
-        return StepResult(dead, IngestBatch(frame, records_by_kind, st), self.due_decisions())
+            kr = rows.get(kind)
+            if kr is None:
+                kr = rows[kind] = KindRows()
+            kr.values.append(value)
+            kr.decision_period.append(clock.closed_through + 2 if late else max(index + 1, 1))
+            kr.late.append(late)
+        clock.sync()
+        st.origin, st.max_event_at, st.closed_through = clock.origin, clock.max_event_at, clock.closed_through
+        return StepResult(dead, IngestBatch(rows, st), self.due_decisions())
+
+
+def _shape_fits(source: Any, raw: dict[str, Any]) -> bool:
+    """Whether a foreign record has the shape of a configured source (see streams/fieldmaps/default.toml)."""
+    if source.shape == "prometheus":
+        return "labels" in raw and raw.get("name") in source.metrics
+    if source.shape == "otel_span":
+        return "startTimeUnixNano" in raw and "endTimeUnixNano" in raw
+    names = [n for spec in source.fields.values() for n in spec.names]
+    return all(any(n in raw for n in source.fields[f].names) for f in ("location", "interval_start")
+               if f in source.fields) and bool(names)

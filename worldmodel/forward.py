@@ -84,6 +84,8 @@ class _PoolResult:
     batch: float
     power_w: float
     fluid: tuple[float, float]  # (initial backlog, net growth rate) of the fluid queue (req, req/s)
+    mixed: tuple[float, float, float] = (0.0, 0.0, 0.0)  # decode step (s), share of iterations carrying a
+    # prefill chunk (0-1), the chunk's compute (s): per-request TPOT spread from chunked-prefill interference
 
 
 class ForwardModel:
@@ -114,9 +116,7 @@ class ForwardModel:
         self.idle_power = idle_power
         self.inventory = dict(inventory) if inventory is not None else _default_inventory()
 
-    def evaluate(
-        self, snapshot: FleetSnapshot, plan: Plan, forecast: DisturbanceForecast
-    ) -> PredictedOutcome:
+    def evaluate(self, snapshot: FleetSnapshot, plan: Plan, forecast: DisturbanceForecast) -> PredictedOutcome:
         """Predict one period's outcome of `plan` from `snapshot` under `forecast` (pure: reads only).
 
         Parameters
@@ -191,26 +191,26 @@ class ForwardModel:
         cvs = (cv, cv * snap.risk_band) if hi else (cv,)  # the band widens the spread, pessimistically
         out = _Scenario()
         by_model: dict[str, list[ClassDemand]] = {}
-        for p in pools:
-            by_model.setdefault(p.plan.model, [])
         for d in fc.demand:
             by_model.setdefault(d.model, []).append(d)
+        for p in pools:  # models without demand still hold (and power) their replicas
+            by_model.setdefault(p.plan.model, [])
         power_w = 0.0
         gpus_used: dict[tuple[str, str], float] = {}
         gpu_hours: dict[str, float] = {}
-        free = dict(self.inventory)
+        free: dict[tuple[str, str], float] = {k: float(v) for k, v in self.inventory.items()}
         for model, demands in by_model.items():
             mpools = [p for p in pools if p.plan.model == model]
             if not mpools:
                 continue
             load, batch_info = self._model_load(snap, plan, fc, demands, scenario, mpools, sm)
             res = self._serve_model(sm, plan, mpools, load, T, free)
-            out.cold_starts += sum(
-                max(math.ceil(r.replicas) - p.current, 0) for p, r in zip(mpools, res, strict=True)
-            )
+            out.cold_starts += sum(max(math.ceil(r.replicas) - p.current, 0) for p, r in zip(mpools, res, strict=True))
             mu = sum(r.mu for r in res)
             for d in demands:
-                self._class_outcome(out, d, _rate(d, scenario), load, res, mu, T, cvs, batch_info)
+                self._class_outcome(
+                    out, d, _rate(d, scenario), load, res, mu, T, cvs, batch_info, tails=scenario == "point"
+                )
             for p, r in zip(mpools, res, strict=True):
                 power_w += r.power_w
                 key = (p.plan.site, p.plan.gpu)
@@ -302,7 +302,7 @@ class ForwardModel:
         pools: list[_Pool],
         load: _Load,
         T: float,
-        free: dict[tuple[str, str], int],
+        free: dict[tuple[str, str], float],
     ) -> list[_PoolResult]:
         lam = load.lam_i + load.lam_b
         mus = [self._mu_replica(sm, p, load) for p in pools]
@@ -326,33 +326,35 @@ class ForwardModel:
 
     @staticmethod
     def _place(
-        plan: Plan, pools: list[_Pool], mus: list[float], lam: float, free: dict[tuple[str, str], int]
-    ) -> list[int]:
+        plan: Plan, pools: list[_Pool], mus: list[float], lam: float, free: dict[tuple[str, str], float]
+    ) -> list[float]:
         """Replicas per pool of one model, as the runtime's autoscaler places them (count).
 
-        The model's desired count is what keeps the replicas at the autoscale target (no scale-down inside
-        the period: the 300 s stabilization window spans it), clamped to the plan's summed floor and
-        ceiling; it is split floors first, then existing replicas, then growth in the plan's pool order,
-        each pool within its ceiling and the GPUs left of its type (the inventory).
+        The model's desired count is what keeps the replicas at the autoscale target, clamped to the plan's
+        summed floor and ceiling. Scale-up is immediate; scale-down waits out the 300 s stabilization window,
+        which spans the period, so existing replicas are kept (a measured half-period decay fit worse). The count
+        is split floors first, then existing replicas, then growth in the plan's pool order, each pool
+        within its ceiling and the GPUs left of its type (the inventory).
         """
         floors = [p.plan.replica_floor for p in pools]
         if plan.autoscale:
             mu_pref = mus[0] if mus else 0.0
             need = math.ceil(lam / max(plan.autoscale_target * mu_pref, 1e-12)) if lam > 0 else 0
-            desired = max(need, sum(p.current for p in pools))
+            current = sum(p.current for p in pools)
+            desired = float(max(need, current))
             desired = min(max(desired, sum(floors)), sum(p.plan.replica_ceiling for p in pools))
         else:
-            desired = sum(floors)
-        counts = [0] * len(pools)
+            desired = float(sum(floors))
+        counts = [0.0] * len(pools)
 
-        def grow(k: int, upto: int) -> None:
+        def grow(k: int, upto: float) -> None:
             nonlocal desired
             p = pools[k].plan
-            room = free.get((p.site, p.gpu), 0) // max(p.tp, 1)
-            add = max(min(upto - counts[k], room, desired), 0)
+            room = free.get((p.site, p.gpu), math.inf) // max(p.tp, 1)  # a site not in the inventory: unbounded
+            add = max(min(upto - counts[k], room, desired), 0.0)
             counts[k] += add
             desired -= add
-            free[(p.site, p.gpu)] = free.get((p.site, p.gpu), 0) - add * p.tp
+            free[(p.site, p.gpu)] = free.get((p.site, p.gpu), math.inf) - add * p.tp
 
         for k in range(len(pools)):
             grow(k, floors[k])
@@ -368,7 +370,7 @@ class ForwardModel:
         sm: ServingModel,
         plan: Plan,
         p: _Pool,
-        n: int,
+        n: float,
         mu_r: float,
         lam: float,
         load: _Load,
@@ -408,8 +410,26 @@ class ForwardModel:
             serving * sm.gpu_power_w(pp.gpu, p.cfg.sm_clock_mhz, act)
             + loading * sm.gpu_power_w(pp.gpu, p.cfg.sm_clock_mhz, 0.1)
         )
+        # chunked prefill: lam_r x chunks/s iterations carry a chunk of compute c; the rest decode only
+        chunks = max(1.0, load.n_in / sm.priors.chunk_tokens)
+        c_chunk = t_pf / chunks
+        mixed_rate = lam_r * chunks
+        plain_rate = max(1.0 - mixed_rate * (t_dec + c_chunk), 0.0) / t_dec
+        q_mix = mixed_rate / max(mixed_rate + plain_rate, 1e-12)
         return _PoolResult(
-            n, serving, mu, lam, t_dec / (1.0 - rho_pf), s, p_wait, theta, busy, b, power, (q0, lam - mu)
+            n,
+            serving,
+            mu,
+            lam,
+            t_dec + q_mix * c_chunk,
+            s,
+            p_wait,
+            theta,
+            busy,
+            b,
+            power,
+            (q0, lam - mu),
+            (t_dec, q_mix, c_chunk),
         )
 
     def _class_outcome(
@@ -423,6 +443,7 @@ class ForwardModel:
         T: float,
         cvs: tuple[float, ...],
         batch_info: tuple[float, float, float],
+        tails: bool = True,
     ) -> None:
         spec = self.protocol.spec(d.request_class)
         offered = lam * T
@@ -430,9 +451,7 @@ class ForwardModel:
             released, carried, missed = batch_info
             viol = min(missed / offered, 1.0) if offered > 0 else 0.0
             out.carryover += carried
-            out.add(
-                ClassOutcome(d.request_class, offered, released, viol, viol, 0.0, 0.0), offered * (1 - viol)
-            )
+            out.add(ClassOutcome(d.request_class, offered, released, viol, viol, 0.0, 0.0), offered * (1 - viol))
             return
         lam_tot = sum(r.lam for r in res)
         if not res or mu <= 0.0:
@@ -453,17 +472,17 @@ class ForwardModel:
             size_cv = size_cv_from_p90(d.input_tokens_mean, d.input_tokens_p90)
             p_ttft = lognormal_exceed(s_cls, size_cv, slo) + r.p_wait * math.exp(-wait_x / max(r.theta, 1e-9))
             v_ttft += share * (f_fluid + (1.0 - f_fluid) * min(p_ttft, 1.0))
-            p_tpot = max(lognormal_exceed(r.tpot_s, cv, spec.tpot_slo_ms / 1e3) for cv in cvs)
+            out_cv = size_cv_from_p90(d.output_tokens_mean, d.output_tokens_p90)
+            p_tpot = max(_tpot_exceed(r.mixed, cv, d.output_tokens_mean, out_cv, spec.tpot_slo_ms / 1e3) for cv in cvs)
             v_tpot += share * p_tpot
             wq99 = r.theta * math.log(r.p_wait / 0.01) if r.p_wait > 0.01 else 0.0
             fluid_wait = max(q0 + max(growth, -q0 / T) * T, q0) / r.mu if r.mu > 0 else math.inf
             ttft99 = max(ttft99, (wq99 + s_cls * lognormal_q99_ratio(size_cv) + fluid_wait) * 1e3)
-            tpot99 = max(tpot99, r.tpot_s * lognormal_q99_ratio(cvs[0]) * 1e3)
+            if tails:  # the p99s are reported from the point scenario only
+                tpot99 = max(tpot99, _tpot_q99(r.mixed, cvs[0], d.output_tokens_mean, out_cv) * 1e3)
             served += share * min(offered, r.mu * T)
         viol = min(1.0 - (1.0 - v_ttft) * (1.0 - v_tpot), 1.0)
-        out.add(
-            ClassOutcome(d.request_class, offered, served, viol, viol, ttft99, tpot99), offered * (1 - viol)
-        )
+        out.add(ClassOutcome(d.request_class, offered, served, viol, viol, ttft99, tpot99), offered * (1 - viol))
 
 
 class _Scenario:
@@ -484,6 +503,44 @@ class _Scenario:
 
 def _rate(d: ClassDemand, scenario: str) -> float:
     return max(getattr(d.arrivals_per_s, scenario), 0.0)
+
+
+#: standard-normal quantiles of the output-length quadrature (midpoints of 8 equal-probability bins)
+_Z_NODES = (-1.534, -0.887, -0.489, -0.157, 0.157, 0.489, 0.887, 1.534)
+
+
+def _tpot_exceed(mixed: tuple[float, float, float], cv: float, out_mean: float, out_cv: float, x: float) -> float:
+    """P(a request's mean TPOT > x s) under chunked-prefill interference, over lognormal output lengths.
+
+    A request decoding n tokens sees n - 1 iterations; each carries a prefill chunk of compute c with
+    probability q, so its mean TPOT is t + c x Binomial(n - 1, q) / (n - 1) (normal approximation), times a
+    step-time spread of CV ``cv`` (nodes, context).
+    """
+    t, q, c = mixed
+    if t <= 0.0:
+        return 0.0
+    mean = t + q * c
+    s2 = math.log1p(out_cv * out_cv)
+    mu_n = math.log(max(out_mean, 1.0)) - 0.5 * s2
+    total = 0.0
+    for z in _Z_NODES:
+        steps = max(math.exp(mu_n + z * math.sqrt(s2)) - 1.0, 1.0)
+        sd = math.sqrt(q * (1.0 - q) / steps * c * c + (cv * mean) ** 2)
+        total += 0.5 * math.erfc((x - mean) / (sd * math.sqrt(2.0)))
+    return total / len(_Z_NODES)
+
+
+def _tpot_q99(mixed: tuple[float, float, float], cv: float, out_mean: float, out_cv: float) -> float:
+    """99th percentile of requests' mean TPOT (s) under :func:`_tpot_exceed`, by bisection."""
+    t, q, c = mixed
+    lo, hi = t, t + c + 4.0 * cv * (t + c)
+    for _ in range(12):
+        mid = 0.5 * (lo + hi)
+        if _tpot_exceed(mixed, cv, out_mean, out_cv, mid) > 0.01:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
 
 
 def _fluid_share(q0: float, growth: float, mu: float, wait_s: float, T: float) -> float:

@@ -55,9 +55,7 @@ class ModelSpec:
 
 
 GPU_SPECS: dict[str, GpuSpec] = {
-    GpuType.H100: GpuSpec(
-        3.35e12, 989e12, 1979e12, 80e9, 700.0, 75.0, 450e9, SM_CLOCK_RANGE_MHZ[GpuType.H100][1]
-    ),
+    GpuType.H100: GpuSpec(3.35e12, 989e12, 1979e12, 80e9, 700.0, 75.0, 450e9, SM_CLOCK_RANGE_MHZ[GpuType.H100][1]),
     GpuType.A100: GpuSpec(2.0e12, 312e12, 0.0, 80e9, 400.0, 55.0, 300e9, SM_CLOCK_RANGE_MHZ[GpuType.A100][1]),
 }
 MODEL_SPECS: dict[str, ModelSpec] = {

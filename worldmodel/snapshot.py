@@ -98,10 +98,16 @@ class FleetSnapshot:
 
 
 _POOLS_SQL = f"""
-WITH r AS ({REPLICA_STATE_SQL}),
-tel AS (SELECT replica_id, avg(num_requests_running) AS running, avg(num_requests_waiting) AS waiting
+WITH r0 AS ({REPLICA_STATE_SQL}),
+tel AS (SELECT replica_id, avg(num_requests_running) AS running, avg(num_requests_waiting) AS waiting,
+               max(DCGM_FI_DEV_GPU_UTIL) AS util_max
         FROM gpu_telemetry WHERE event_at > $as_of::TIMESTAMPTZ - INTERVAL 60 SECOND
-          AND event_at <= $as_of AND arrived_at <= $as_of AND replica_id IS NOT NULL GROUP BY 1)
+          AND event_at <= $as_of AND arrived_at <= $as_of AND replica_id IS NOT NULL GROUP BY 1),
+-- a replica whose last event says loading but whose GPUs report work is serving (a pre-warmed replica
+-- never announces replica_ready)
+r AS (SELECT r0.* REPLACE (CASE WHEN r0.state = 'loading' AND coalesce(t.util_max, 0) > 0 THEN 'warm'
+                                ELSE r0.state END AS state)
+      FROM r0 LEFT JOIN tel t USING (replica_id))
 SELECT site, model, gpu_type, count(*) FILTER (WHERE state = 'warm') AS warm,
        count(*) FILTER (WHERE state = 'loading') AS loading, count(*) FILTER (WHERE state = 'cold') AS cold,
        arg_max(tp, since_at) AS tp, arg_max(precision, since_at) AS precision,

@@ -28,9 +28,9 @@ from optimizer.policy import History, Observations, Policy, PolicyContext, creat
 from streams.workload.builder import build_workload
 from worldmodel.cost import CostConfig
 from worldmodel.fleet import default_fleet
-from worldmodel.groundtruth.metrics import CLASSES, period_costs, request_outcomes
 from worldmodel.groundtruth import replay as replay_mod
 from worldmodel.groundtruth import state as gt_state
+from worldmodel.groundtruth.metrics import CLASSES, period_costs, request_outcomes
 from worldmodel.groundtruth.replay import RunResult, drain_limit_s, run_replay
 from worldmodel.groundtruth.scaler import TEL_DT
 from worldmodel.validate_cli import RealizedClass, RealizedPeriod
@@ -130,9 +130,7 @@ def _telemetry_room(horizon_s: float) -> Iterator[None]:
             old = self.logs
             tel_cap = self.rep.pool.shape[0] * (int(horizon_s // TEL_DT) + 4)
             if tel_cap > old.tel_t.shape[0]:
-                self.logs = gt_state.alloc_logs(
-                    old.completed.shape[0], tel_cap, old.ev_t.shape[0], old.site_t.shape[0]
-                )
+                self.logs = gt_state.alloc_logs(old.completed.shape[0], tel_cap, old.ev_t.shape[0], old.site_t.shape[0])
 
     replay_mod.SiteRuntime = _Roomy  # type: ignore[misc]
     try:
@@ -172,10 +170,7 @@ def realized_periods(
             as_of=as_of,
             period_index=k + 1,
             prices=_prices(run, k, as_of, period_s),
-            **{
-                name: run.observations[name][k]
-                for name in ("arrivals", "completions", "telemetry", "fleet_events")
-            },
+            **{name: run.observations[name][k] for name in ("arrivals", "completions", "telemetry", "fleet_events")},
         )
         row = costs.row(k, named=True) if k < costs.height else {"energy_kwh": 0.0, "cost_usd": 0.0}
         yield RealizedPeriod(

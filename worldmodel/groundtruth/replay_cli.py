@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
-from dataclasses import replace
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -64,70 +67,122 @@ def run(args: argparse.Namespace) -> int:
     years = [int(y) for y in _csv(args.years)] if args.years else [args.year]
     seeds = [int(s) for s in _csv(args.seeds)]
     policies = _csv(args.policies)
-    start = datetime.fromisoformat(args.start) if args.start else None
-    physics = Physics(
-        fp8_speedup_scale=args.fp8_speedup_scale,
-        **({"clock_power_exponent": args.clock_power_exponent} if args.clock_power_exponent else {}),
-    )
-    fleet = default_fleet(tuple(markets))
+    physics = _physics(args)
     results: dict[str, Any] = {
         "schema_version": "1",
         "config": _config(args, physics),
         "markets": {},
         "provenance": PROVENANCE,
     }
+    # one site per market, or the three-site mode: one shared workload (the first market's window) at every site
+    scenarios = [(m, m, False) for m in markets] if args.sites == "one" else [("three-site", markets[0], True)]
+    jobs = [
+        Job(name if len(years) == 1 else f"{name}@{year}", market, all_sites, year, seed, tuple(policies))
+        for year in years
+        for name, market, all_sites in scenarios
+        for seed in seeds
+    ]
     db = duckdb.connect(str(out / "replay.duckdb"))
     _reset_tables(db)
     audit = _audit_store(out / "audit")
-    # one site per market, or the three-site mode: one shared workload (the first market's window) at every site
-    scenarios = [(m, m, False) for m in markets] if args.sites == "one" else [("three-site", markets[0], True)]
-    for year in years:
-        for name_, market, all_sites in scenarios:
-            key = name_ if len(years) == 1 else f"{name_}@{year}"
-            runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
-            window = None
-            for seed in seeds:
-                wl = build_workload(
-                    market,
-                    year,
-                    rule=args.window_rule,
-                    start=start,
-                    periods=args.periods,
-                    period_minutes=args.period_minutes,
-                    seed=seed,
-                    source=args.source,
-                )
-                if all_sites:
-                    regions = tuple(site.region for site in fleet.sites)
-                    wl = replace(wl, requests=assign_residency(wl.requests, regions, market, seed=seed))
-                window = wl.window
-                for name in policies:
-                    res = _one(wl, name, fleet, args, physics, key, seed, all_sites)
-                    summary = summarize(res)
-                    summary["seed"] = seed
-                    summary.update(_decision_stats(res))
-                    runs[name].append(summary)
-                    _store(db, res, key)
-                    _audit(audit, res)
-                    if args.emit_observations and res.observations is not None:
-                        _emit(out / "observations" / key / name / f"seed{seed}", res)
-            assert window is not None
-            results["markets"][key] = {
-                "window": {
-                    "start": window.start.isoformat(),
-                    "end": window.end.isoformat(),
-                    "mean_price_usd_mwh": window.mean_price_usd_mwh,
-                    "rule": window.rule,
-                    "year": year,
-                },
-                "policies": {p: _aggregate(v) for p, v in runs.items()},
-            }
-            _oracle_gap(results["markets"][key])
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    windows: dict[str, dict[str, Any]] = {}
+    bar = tqdm(total=len(jobs) * len(policies), desc="replay", unit="run", disable=args.no_progress)
+    for job, outcomes in _execute(jobs, args):
+        for o in outcomes:
+            windows[job.key] = o.window
+            runs.setdefault(job.key, {p: [] for p in policies})[o.policy].append(o.summary)
+            _store(db, o.frames)
+            _audit(audit, o.decisions, job.seed)
+            bar.update(1)
+    bar.close()
     db.close()
+    for key, per_policy in runs.items():
+        results["markets"][key] = {
+            "window": windows[key],
+            "policies": {p: _aggregate(v) for p, v in per_policy.items()},
+        }
+        _oracle_gap(results["markets"][key])
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print_tables(results, args.cost_basis)
     print(f"\nwrote {out / 'results.json'} and {out / 'replay.duckdb'}")
     return 0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One workload (market or three-site scenario, year, seed) replayed under every policy."""
+
+    key: str
+    market: str
+    all_sites: bool
+    year: int
+    seed: int
+    policies: tuple[str, ...]
+
+
+@dataclass
+class Outcome:
+    """What a job hands back per policy: results.json figures, DuckDB frames, decision records."""
+
+    policy: str
+    summary: dict[str, Any]
+    frames: tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]
+    decisions: list[dict[str, Any]]
+    window: dict[str, Any]
+
+
+def _execute(jobs: list[Job], args: argparse.Namespace) -> Iterator[tuple[Job, list[Outcome]]]:
+    """Run the jobs, in worker processes when --jobs > 1 (each job is independent), in job order."""
+    n = min(max(1, args.jobs), len(jobs))
+    if n == 1:
+        for job in jobs:
+            yield job, run_job(job, args)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        futures = [pool.submit(run_job, job, args) for job in jobs]
+        for job, fut in zip(jobs, futures, strict=True):
+            yield job, fut.result()
+
+
+def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
+    """Build the job's workload and replay it under each policy."""
+    physics = _physics(args)
+    fleet = default_fleet(tuple(_csv(args.markets)))
+    wl = build_workload(
+        job.market,
+        job.year,
+        rule=args.window_rule,
+        start=datetime.fromisoformat(args.start) if args.start else None,
+        periods=args.periods,
+        period_minutes=args.period_minutes,
+        seed=job.seed,
+        source=args.source,
+    )
+    if job.all_sites:
+        regions = tuple(site.region for site in fleet.sites)
+        wl = replace(wl, requests=assign_residency(wl.requests, regions, job.market, seed=job.seed))
+    w = wl.window
+    window = {"start": w.start.isoformat(), "end": w.end.isoformat(), "mean_price_usd_mwh": w.mean_price_usd_mwh,
+              "rule": w.rule, "year": job.year}  # fmt: skip
+    outcomes = []
+    for name in job.policies:
+        res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites)
+        summary = summarize(res)
+        summary["seed"] = job.seed
+        summary.update(_decision_stats(res))
+        if args.emit_observations and res.observations is not None:
+            _emit(Path(args.out) / "observations" / job.key / name / f"seed{job.seed}", res)
+        outcomes.append(Outcome(name, summary, _frames(res, job.key), res.decisions, window))
+    return outcomes
+
+
+def _physics(args: argparse.Namespace) -> Physics:
+    return Physics(
+        fp8_speedup_scale=args.fp8_speedup_scale,
+        **({"clock_power_exponent": args.clock_power_exponent} if args.clock_power_exponent else {}),
+    )
 
 
 def _one(
@@ -167,12 +222,16 @@ def _audit_store(directory: Path) -> Any:
     return ParquetAuditStore(directory)
 
 
-def _audit(store: Any, res: RunResult) -> None:
+def _audit(store: Any, decisions: list[dict[str, Any]], seed: int) -> None:
     """Write one run's decision records to the audit log (one flush per run)."""
-    for rec in res.decisions:
+    for rec in decisions:
         at = datetime.fromisoformat(str(rec["period_start"]).replace("Z", "+00:00"))
-        row = dict(rec, live_decision_id=rec["decision_id"], seed=res.seed,
-                   decision_id=decision_id(f"{rec['policy']}@seed{res.seed}", rec["markets"], at))
+        row = dict(
+            rec,
+            live_decision_id=rec["decision_id"],
+            seed=seed,
+            decision_id=decision_id(f"{rec['policy']}@seed{seed}", rec["markets"], at),
+        )
         store.add(row)
     store.flush()
 
@@ -182,6 +241,7 @@ def _decision_stats(res: RunResult) -> dict[str, Any]:
     # the decision's own latency (observe -> decide, the regret audit excluded) where the policy records it
     own = [r["decision_ms"] for r in recs if r.get("decision_ms") is not None]
     ms = own if own and len(own) == len(res.decision_ms) else res.decision_ms
+    cpu = [r["decision_cpu_ms"] for r in recs if r.get("decision_cpu_ms") is not None]
     regrets = [r["regret"] for r in recs if r.get("regret") is not None]
     evals = [r["candidates_evaluated"] for r in recs if r.get("candidates_evaluated") is not None]
     return {
@@ -191,6 +251,7 @@ def _decision_stats(res: RunResult) -> dict[str, Any]:
         "regret_mean": float(np.mean(regrets)) if regrets else None,
         "regret_zero_share": float(np.mean([r <= 1e-12 for r in regrets])) if regrets else None,
         "decision_ms_p95": float(np.percentile(ms, 95)) if ms else None,
+        "decision_cpu_ms_p95": float(np.percentile(cpu, 95)) if cpu else None,
     }
 
 
@@ -204,11 +265,7 @@ def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
             out[k] = float(np.mean(vals)) if vals else None
     out["classes"] = {
         c: {
-            k: float(
-                np.mean(
-                    [s["classes"][c][k] for s in per_seed if s["classes"][c].get(k) is not None] or [np.nan]
-                )
-            )
+            k: float(np.mean([s["classes"][c][k] for s in per_seed if s["classes"][c].get(k) is not None] or [np.nan]))
             for k in first["classes"][c]
         }
         for c in first["classes"]
@@ -232,7 +289,8 @@ def _reset_tables(db: duckdb.DuckDBPyConnection) -> None:
         db.execute(f"DROP TABLE IF EXISTS {t}")
 
 
-def _store(db: duckdb.DuckDBPyConnection, res: RunResult, key: str) -> None:
+def _frames(res: RunResult, key: str) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """replay.duckdb rows of one run: per-period aggregates, per-class aggregates, per-request outcomes."""
     periods = per_period(res).with_columns(pl.lit(key).alias("market"))
     o = request_outcomes(res)
     req = res.runtime.req
@@ -260,11 +318,14 @@ def _store(db: duckdb.DuckDBPyConnection, res: RunResult, key: str) -> None:
         pl.col("ttft_s").quantile(0.99).alias("ttft_p99_s"),
         pl.col("tpot_s").quantile(0.99).alias("tpot_p99_s"),
     )
+    return periods, classes, requests
+
+
+def _store(db: duckdb.DuckDBPyConnection, frames: tuple[pl.DataFrame, ...]) -> None:
+    periods, classes, requests = frames
     for name, frame in (("periods", periods), ("classes", classes), ("requests", requests)):
         db.register("frame", frame.to_arrow())
-        exists = db.execute(
-            f"SELECT count(*) FROM information_schema.tables WHERE table_name = '{name}'"
-        ).fetchone()
+        exists = db.execute(f"SELECT count(*) FROM information_schema.tables WHERE table_name = '{name}'").fetchone()
         if exists and exists[0]:
             db.execute(f"INSERT INTO {name} SELECT * FROM frame")
         else:

@@ -97,13 +97,9 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
     for r in state.frame(_POWER_SQL, params).iter_rows(named=True):
         gpu = r["gpu_type"]
         # the correction scales the dynamic part (power above idle); idle is the datasheet figure
-        pred = prior.dynamic_power_w(
-            gpu, clock_or_max(gpu, r["clock"]), prior.activity_from_util(r["util"] or 0.0)
-        )
+        pred = prior.dynamic_power_w(gpu, clock_or_max(gpu, r["clock"]), prior.activity_from_util(r["util"] or 0.0))
         rows.append((Quantity.POWER, gpu, r["node"], ANY, pred, float(r["power_w"]) - prior.idle_power_w(gpu)))
-    return pl.DataFrame(
-        rows, schema=["quantity", "gpu_type", "node", "model", "predicted", "observed"], orient="row"
-    )
+    return pl.DataFrame(rows, schema=["quantity", "gpu_type", "node", "model", "predicted", "observed"], orient="row")
 
 
 def record(state: WorldState, cal: SelfCalibrator, residuals: pl.DataFrame, at: datetime) -> None:

@@ -8,7 +8,7 @@ restart resumes from exactly the state it has (at-least-once delivery, idempoten
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -87,6 +87,7 @@ class WorldState:
         batch: Mapping[str, pl.DataFrame],
         positions: Mapping[tuple[str, int], int] | None = None,
         ingested_at: datetime | None = None,
+        extra: Callable[[duckdb.DuckDBPyConnection, IngestResult], None] | None = None,
     ) -> IngestResult:
         """Insert one micro-batch of records and the consumer positions behind it in one transaction.
 
@@ -96,6 +97,9 @@ class WorldState:
             ``price``, ``fleet_event``); columns follow schemas/README.md, unknown columns are ignored.
         positions : next offset to consume per (topic, partition); stored as the max of old and new.
         ingested_at : wall time of the batch (UTC), kept on each new row; default now().
+        extra : called as ``extra(con, result)`` inside the same transaction, after the rows and positions,
+            with this batch's counts; whatever it writes commits or rolls back with the batch (a consumer's
+            own ledger, e.g. streams/ingest.py). An exception from it rolls the whole batch back.
 
         Returns
         -------
@@ -143,11 +147,14 @@ class WorldState:
                     'DO UPDATE SET "offset" = greatest(consumer_positions."offset", excluded."offset")',
                     [topic, int(partition), int(offset)],
                 )
+            result = IngestResult(inserted=inserted, duplicates=offered - inserted)
+            if extra is not None:
+                extra(con, result)
             _rows(con, "COMMIT")
-        except Exception:
+        except BaseException:
             _rows(con, "ROLLBACK")
             raise
-        return IngestResult(inserted=inserted, duplicates=offered - inserted)
+        return result
 
     def _refresh_replicas(self) -> None:
         _rows(self.con, "DELETE FROM replicas")
