@@ -93,9 +93,23 @@ class Cfg:
 
 def dry_cfg() -> Cfg:
     return Cfg(
-        layers=2, hidden=256, q_heads=8, kv_heads=2, head_dim=32, mlp=512, vocab=1024, ctx=64,
-        batches=[1, 3], prefill=[32, 48], power_batch=3, power_prefill=48, warmup=1, iters=3,
-        prefill_iters={32: 3, 48: 3}, idle_s=0.3, phase_s=0.4,
+        layers=2,
+        hidden=128,
+        q_heads=8,
+        kv_heads=2,
+        head_dim=16,
+        mlp=256,
+        vocab=512,
+        ctx=64,
+        batches=[1, 3],
+        prefill=[32, 48],
+        power_batch=3,
+        power_prefill=48,
+        warmup=1,
+        iters=3,
+        prefill_iters={32: 3, 48: 3},
+        idle_s=0.3,
+        phase_s=0.4,
     )
 
 
@@ -184,7 +198,11 @@ class Lin:
             x = F.pad(x, (0, 0, 0, pad))
         xq = (x * self.a_inv).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         y = torch._scaled_mm(
-            xq, self.w8.t(), scale_a=self.a_scale, scale_b=self.w_scale, out_dtype=torch.bfloat16,
+            xq,
+            self.w8.t(),
+            scale_a=self.a_scale,
+            scale_b=self.w_scale,
+            out_dtype=torch.bfloat16,
             use_fast_accum=True,
         )
         return y[:m] if pad else y
@@ -207,8 +225,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 class KV:
     def __init__(self, cfg: Cfg, batch: int, seq: int, dev: torch.device, dtype: torch.dtype, gen, fill: bool):
         shape = (batch, cfg.kv_heads, seq, cfg.head_dim)
-        mk = (lambda: torch.randn(shape, device=dev, dtype=dtype, generator=gen)) if fill else (
-            lambda: torch.zeros(shape, device=dev, dtype=dtype))
+        mk = (
+            (lambda: torch.randn(shape, device=dev, dtype=dtype, generator=gen))
+            if fill
+            else (lambda: torch.zeros(shape, device=dev, dtype=dtype))
+        )
         self.k = [mk() for _ in range(cfg.layers)]
         self.v = [mk() for _ in range(cfg.layers)]
 
@@ -224,19 +245,22 @@ class Model:
         qd, kd = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         self.layers = []
         for _ in range(cfg.layers):
-            self.layers.append({
-                "ln1": 1.0 + 0.1 * torch.randn(cfg.hidden, device=dev, dtype=dtype, generator=self.gen),
-                "qkv": Lin(qd + 2 * kd, cfg.hidden, dev, dtype, self.gen),
-                "o": Lin(cfg.hidden, qd, dev, dtype, self.gen),
-                "ln2": 1.0 + 0.1 * torch.randn(cfg.hidden, device=dev, dtype=dtype, generator=self.gen),
-                "gu": Lin(2 * cfg.mlp, cfg.hidden, dev, dtype, self.gen),
-                "d": Lin(cfg.hidden, cfg.mlp, dev, dtype, self.gen),
-            })
+            self.layers.append(
+                {
+                    "ln1": 1.0 + 0.1 * torch.randn(cfg.hidden, device=dev, dtype=dtype, generator=self.gen),
+                    "qkv": Lin(qd + 2 * kd, cfg.hidden, dev, dtype, self.gen),
+                    "o": Lin(cfg.hidden, qd, dev, dtype, self.gen),
+                    "ln2": 1.0 + 0.1 * torch.randn(cfg.hidden, device=dev, dtype=dtype, generator=self.gen),
+                    "gu": Lin(2 * cfg.mlp, cfg.hidden, dev, dtype, self.gen),
+                    "d": Lin(cfg.hidden, cfg.mlp, dev, dtype, self.gen),
+                }
+            )
         self.ln_f = torch.ones(cfg.hidden, device=dev, dtype=dtype)
         self.lm = Lin(cfg.vocab, cfg.hidden, dev, dtype, self.gen) if cfg.lm_head else None
         max_pos = max([cfg.ctx + 1, *cfg.prefill]) + 1
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=dev, dtype=torch.float32)
-                                        / cfg.head_dim))
+        inv = 1.0 / (
+            cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=dev, dtype=torch.float32) / cfg.head_dim)
+        )
         ang = torch.outer(torch.arange(max_pos, device=dev, dtype=torch.float32), inv)
         ang = torch.cat((ang, ang), dim=-1)
         self.cos = ang.cos().to(dtype)[:, None, :]  # [pos, 1, d]
@@ -265,6 +289,7 @@ class Model:
         if self.attn_backends is None:
             return contextlib.nullcontext()
         from torch.nn.attention import sdpa_kernel
+
         return sdpa_kernel(self.attn_backends)
 
     def _prefill_attn(self, q, k, v):
@@ -274,7 +299,8 @@ class Model:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             rep = self.cfg.q_heads // self.cfg.kv_heads
             return F.scaled_dot_product_attention(
-                q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), is_causal=True)
+                q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), is_causal=True
+            )
 
     def _decode_attn(self, q, k, v):
         """q [B, Hq, d] (one new token), k/v [B, Hkv, S, d]: the new token attends to all S positions."""
@@ -290,8 +316,10 @@ class Model:
                 o = F.scaled_dot_product_attention(q.view(b, c.q_heads, 1, c.head_dim), k, v, enable_gqa=True)
             else:
                 o = F.scaled_dot_product_attention(
-                    q.view(b, c.q_heads, 1, c.head_dim), k.repeat_interleave(rep, dim=1),
-                    v.repeat_interleave(rep, dim=1))
+                    q.view(b, c.q_heads, 1, c.head_dim),
+                    k.repeat_interleave(rep, dim=1),
+                    v.repeat_interleave(rep, dim=1),
+                )
         return o.reshape(b, c.q_heads * c.head_dim)
 
     def choose_attention(self) -> dict:
@@ -300,8 +328,12 @@ class Model:
         info: dict = {}
         if self.dev.type == "cuda":
             from torch.nn.attention import SDPBackend
-            self.attn_backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                                  SDPBackend.EFFICIENT_ATTENTION]
+
+            self.attn_backends = [
+                SDPBackend.FLASH_ATTENTION,
+                SDPBackend.CUDNN_ATTENTION,
+                SDPBackend.EFFICIENT_ATTENTION,
+            ]
         c = self.cfg
         q = torch.randn(1, c.q_heads, 256, c.head_dim, device=self.dev, dtype=self.dtype)
         k = torch.randn(1, c.kv_heads, 256, c.head_dim, device=self.dev, dtype=self.dtype)
@@ -328,8 +360,8 @@ class Model:
             h = rms_norm(x, lyr["ln1"])
             qkv = lyr["qkv"](h, fp8)
             q = rope(qkv[:, :qd].view(t, c.q_heads, c.head_dim), cos, sin)
-            k = rope(qkv[:, qd:qd + kd].view(t, c.kv_heads, c.head_dim), cos, sin)
-            v = qkv[:, qd + kd:].view(t, c.kv_heads, c.head_dim)
+            k = rope(qkv[:, qd : qd + kd].view(t, c.kv_heads, c.head_dim), cos, sin)
+            v = qkv[:, qd + kd :].view(t, c.kv_heads, c.head_dim)
             q, k, v = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
             if kv is not None:
                 kv.k[i][slot, :, :t] = k[0]
@@ -348,17 +380,17 @@ class Model:
         c = self.cfg
         b = x.shape[0]
         qd, kd = c.q_heads * c.head_dim, c.kv_heads * c.head_dim
-        cos, sin = self.cos[pos:pos + 1], self.sin[pos:pos + 1]
+        cos, sin = self.cos[pos : pos + 1], self.sin[pos : pos + 1]
         for i, lyr in enumerate(self.layers):
             h = rms_norm(x, lyr["ln1"])
             qkv = lyr["qkv"](h, fp8)
             q = rope(qkv[:, :qd].view(b, c.q_heads, c.head_dim), cos, sin)
-            k = rope(qkv[:, qd:qd + kd].view(b, c.kv_heads, c.head_dim), cos, sin)
-            v = qkv[:, qd + kd:].view(b, c.kv_heads, c.head_dim)
+            k = rope(qkv[:, qd : qd + kd].view(b, c.kv_heads, c.head_dim), cos, sin)
+            v = qkv[:, qd + kd :].view(b, c.kv_heads, c.head_dim)
             kc, vc = kv.k[i], kv.v[i]
             kc[:b, :, pos] = k
             vc[:b, :, pos] = v
-            a = self._decode_attn(q, kc[:b, :, :pos + 1], vc[:b, :, :pos + 1])
+            a = self._decode_attn(q, kc[:b, :, : pos + 1], vc[:b, :, : pos + 1])
             x = x + lyr["o"](a, fp8)
             h = rms_norm(x, lyr["ln2"])
             g, u = lyr["gu"](h, fp8).chunk(2, dim=-1)
@@ -370,9 +402,23 @@ class Model:
 # --------------------------------------------------------------------------------------------- nvidia-smi
 SMI_REQUIRED = ["timestamp", "power.draw", "clocks.sm", "utilization.gpu", "temperature.gpu"]
 SMI_OPTIONAL = ["power.draw.instant", "clocks.mem", "utilization.memory", "clocks_event_reasons.active"]
-SMI_STATIC = ["name", "driver_version", "pstate", "power.limit", "power.default_limit", "power.max_limit",
-              "clocks.max.sm", "clocks.max.mem", "clocks.applications.graphics", "clocks.default_applications.graphics",
-              "memory.total", "persistence_mode", "compute_mode", "pci.bus_id", "vbios_version"]
+SMI_STATIC = [
+    "name",
+    "driver_version",
+    "pstate",
+    "power.limit",
+    "power.default_limit",
+    "power.max_limit",
+    "clocks.max.sm",
+    "clocks.max.mem",
+    "clocks.applications.graphics",
+    "clocks.default_applications.graphics",
+    "memory.total",
+    "persistence_mode",
+    "compute_mode",
+    "pci.bus_id",
+    "vbios_version",
+]
 
 
 def _smi(args: list[str], timeout: float = 10.0) -> subprocess.CompletedProcess | None:
@@ -443,8 +489,15 @@ class SmiSampler:
         self.error: str | None = None
 
     def start(self) -> None:
-        cmd = ["nvidia-smi", f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits",
-               "-i", str(self.index), "-lms", str(self.period_ms)]
+        cmd = [
+            "nvidia-smi",
+            f"--query-gpu={','.join(self.fields)}",
+            "--format=csv,noheader,nounits",
+            "-i",
+            str(self.index),
+            "-lms",
+            str(self.period_ms),
+        ]
         if shutil.which("stdbuf"):
             cmd = ["stdbuf", "-oL", *cmd]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -528,7 +581,9 @@ def summarize_phase(ph: dict, smi_rows: list[dict], nvml_rows: list[dict], skip_
     s = [r for r in smi_rows if t0 <= r["t"] <= t1]
     n = [r for r in nvml_rows if t0 <= r["t"] <= t1]
     out = {
-        "phase": ph["name"], "duration_s": round(ph["t1"] - ph["t0"], 3), "window_skip_s": skip_s,
+        "phase": ph["name"],
+        "duration_s": round(ph["t1"] - ph["t0"], 3),
+        "window_skip_s": skip_s,
         "smi_samples": len(s),
         "power_w_mean": _mean([r.get("power.draw") for r in s]),
         "power_instant_w_mean": _mean([r.get("power.draw.instant") for r in s]),
@@ -539,8 +594,9 @@ def summarize_phase(ph: dict, smi_rows: list[dict], nvml_rows: list[dict], skip_
         "util_gpu_mean": _mean([r.get("utilization.gpu") for r in s]),
         "util_mem_mean": _mean([r.get("utilization.memory") for r in s]),
         "temp_c_max": max((r["temperature.gpu"] for r in s if r.get("temperature.gpu") is not None), default=None),
-        "clock_event_reasons": sorted({r["clocks_event_reasons.active"] for r in s
-                                       if r.get("clocks_event_reasons.active")}),
+        "clock_event_reasons": sorted(
+            {r["clocks_event_reasons.active"] for r in s if r.get("clocks_event_reasons.active")}
+        ),
         "nvml_samples": len(n),
         "nvml_power_w_mean": _mean([r.get("power_w") for r in n]),
         "nvml_sm_clock_mhz_mean": _mean([r.get("sm_mhz") for r in n]),
@@ -598,8 +654,9 @@ class Runner:
         print(f"[{self.elapsed():6.1f}s] {msg}", flush=True)
 
     def err(self, where: str, e: BaseException) -> None:
-        self.res["errors"].append({"where": where, "error": repr(e)[:500],
-                                   "trace": traceback.format_exc(limit=4)[-1500:]})
+        self.res["errors"].append(
+            {"where": where, "error": repr(e)[:500], "trace": traceback.format_exc(limit=4)[-1500:]}
+        )
         self.log(f"ERROR in {where}: {e!r}"[:300])
 
     def save(self) -> Path:
@@ -625,18 +682,26 @@ class Runner:
         self.dev = dev
         self.dtype = torch.bfloat16
         env = {
-            "python": sys.version.split()[0], "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
-            "platform": platform.platform(), "cpu_count": os.cpu_count(), "device_type": dev.type,
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "cuda_runtime": torch.version.cuda,
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "device_type": dev.type,
         }
         if dev.type == "cuda":
             p = torch.cuda.get_device_properties(dev)
-            env.update({
-                "device_name": p.name, "capability": f"{p.major}.{p.minor}", "sm_count": p.multi_processor_count,
-                "total_memory_gib": round(p.total_memory / 2**30, 2),
-                "l2_cache_mb": round(getattr(p, "L2_cache_size", 0) / 2**20, 1),
-                "cudnn": torch.backends.cudnn.version(),
-                "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            })
+            env.update(
+                {
+                    "device_name": p.name,
+                    "capability": f"{p.major}.{p.minor}",
+                    "sm_count": p.multi_processor_count,
+                    "total_memory_gib": round(p.total_memory / 2**30, 2),
+                    "l2_cache_mb": round(getattr(p, "L2_cache_size", 0) / 2**20, 1),
+                    "cudnn": torch.backends.cudnn.version(),
+                    "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                }
+            )
             if "H200" not in p.name:
                 self.res["device_warning"] = f"expected an H200, found {p.name}"
         self.res["environment"] = env
@@ -644,19 +709,26 @@ class Runner:
         self.res["config"] = {
             **{k: v for k, v in asdict(c).items() if k != "prefill_iters"},
             "prefill_iters": {str(k): v for k, v in c.prefill_iters.items()},
-            "params_total": c.params(), "params_linear": c.linear_params(),
+            "params_total": c.params(),
+            "params_linear": c.linear_params(),
             "dtype": "bfloat16",
-            "fp8": ("float8_e4m3fn weights, per-tensor weight scale; activations quantized with a static per-tensor "
-                    "scale calibrated once on a bf16 prefill (eager multiply+clamp+cast, unfused); "
-                    "torch._scaled_mm with use_fast_accum=True, bf16 output; M padded to a multiple of 16. "
-                    "Attention, KV cache, norms and lm_head stay bf16 (KV-cache fp8 not measured)."),
-            "structure": ("fused QKV [6144x4096] and gate_up [28672x4096] projections; RMSNorm; rotate-half RoPE "
-                          "(theta 500000); SDPA attention; residual adds; lm_head on every decode row and on the "
-                          "last prefill token; no embedding gather, no sampling"),
-            "timing": ("per-iteration CUDA events, warm-up excluded, median of n; decode also as CUDA-graph replay "
-                       "of one whole step"),
+            "fp8": (
+                "float8_e4m3fn weights, per-tensor weight scale; activations quantized with a static per-tensor "
+                "scale calibrated once on a bf16 prefill (eager multiply+clamp+cast, unfused); "
+                "torch._scaled_mm with use_fast_accum=True, bf16 output; M padded to a multiple of 16. "
+                "Attention, KV cache, norms and lm_head stay bf16 (KV-cache fp8 not measured)."
+            ),
+            "structure": (
+                "fused QKV [6144x4096] and gate_up [28672x4096] projections; RMSNorm; rotate-half RoPE "
+                "(theta 500000); SDPA attention; residual adds; lm_head on every decode row and on the "
+                "last prefill token; no embedding gather, no sampling"
+            ),
+            "timing": (
+                "per-iteration CUDA events, warm-up excluded, median of n; decode also as CUDA-graph replay "
+                "of one whole step"
+            ),
             "decode_kv": f"KV cache preallocated for batch {max(c.batches)} x {c.ctx + 1} positions per layer; step "
-                         f"writes K/V at position {c.ctx} and attends over {c.ctx + 1} keys",
+            f"writes K/V at position {c.ctx} and attends over {c.ctx + 1} keys",
         }
         if dev.type == "cuda" and not a.no_smi and shutil.which("nvidia-smi"):
             with contextlib.suppress(Exception):
@@ -685,9 +757,11 @@ class Runner:
             except Exception as e:  # noqa: BLE001
                 info["nvml"] = f"unavailable: {e!r}"[:200]
                 self.nvml = None
-        info["power_draw_semantics"] = ("nvidia-smi power.draw is a ~1 s average on Ampere and newer; "
-                                        "power.draw.instant is instantaneous; energy_counter_power_w is "
-                                        "(NVML total energy delta)/(phase duration) over the whole phase")
+        info["power_draw_semantics"] = (
+            "nvidia-smi power.draw is a ~1 s average on Ampere and newer; "
+            "power.draw.instant is instantaneous; energy_counter_power_w is "
+            "(NVML total energy delta)/(phase duration) over the whole phase"
+        )
         self.res["sampling"] = info
 
     def build(self) -> None:
@@ -697,10 +771,12 @@ class Runner:
         self.kv = KV(c, max(c.batches), c.ctx + 1, dev, self.dtype, self.model.gen, fill=True)
         self.kv_pre = KV(c, 1, max(c.prefill), dev, self.dtype, self.model.gen, fill=False)
         sync(dev)
-        self.res["memory"] = {"weights_bf16_gb": round(self.model.weight_bytes(False) / 1e9, 3),
-                              "kv_decode_gb": round(self.kv.nbytes() / 1e9, 3),
-                              "kv_prefill_gb": round(self.kv_pre.nbytes() / 1e9, 3),
-                              "build_s": round(time.time() - t, 2)}
+        self.res["memory"] = {
+            "weights_bf16_gb": round(self.model.weight_bytes(False) / 1e9, 3),
+            "kv_decode_gb": round(self.kv.nbytes() / 1e9, 3),
+            "kv_prefill_gb": round(self.kv_pre.nbytes() / 1e9, 3),
+            "build_s": round(time.time() - t, 2),
+        }
         self.res["attention"] = self.model.choose_attention()
         # fp8 capability check on a small product, then static activation scales from a bf16 prefill
         self.fp8_ok = False
@@ -718,8 +794,7 @@ class Runner:
             if not e < 0.2:
                 raise RuntimeError(f"fp8 probe relative error {e}")
             self.model.make_fp8()
-            x = torch.randn(min(512, max(c.prefill)), c.hidden, device=dev, dtype=self.dtype,
-                            generator=self.model.gen)
+            x = torch.randn(min(512, max(c.prefill)), c.hidden, device=dev, dtype=self.dtype, generator=self.model.gen)
             with self._calibrating():
                 self.model.prefill(x, None, False)
             for lin in self.model.linears():
@@ -730,8 +805,10 @@ class Runner:
         except Exception as e:  # noqa: BLE001
             self.err("fp8 setup (fp8 runs skipped)", e)
         self.res["fp8_available"] = self.fp8_ok
-        self.log(f"built model ({c.params() / 1e9:.2f} B params), KV {self.kv.nbytes() / 1e9:.1f} GB, "
-                 f"fp8 {'ok' if self.fp8_ok else 'SKIPPED'}, attention {self.res['attention']}")
+        self.log(
+            f"built model ({c.params() / 1e9:.2f} B params), KV {self.kv.nbytes() / 1e9:.1f} GB, "
+            f"fp8 {'ok' if self.fp8_ok else 'SKIPPED'}, attention {self.res['attention']}"
+        )
 
     @contextlib.contextmanager
     def _calibrating(self):
@@ -783,8 +860,7 @@ class Runner:
         if bad:
             out["failed"] = bad
         self.res["checks"] = out
-        self.log("checks: " + ", ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}"
-                                        for k, v in out.items()))
+        self.log("checks: " + ", ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}" for k, v in out.items()))
 
     def ceilings(self) -> None:
         """Copy bandwidth and matrix rates on random data, to read the model numbers against."""
@@ -796,20 +872,26 @@ class Runner:
         n = 1 << 30  # 1 Gi bf16 elements = 2 GiB
         a = torch.randn(n, device=dev, dtype=torch.bfloat16)
         b = torch.empty_like(a)
-        st = bench(lambda: b.copy_(a), dev, 3, 10)
+        st = bench(lambda a=a, b=b: b.copy_(a), dev, 3, 10)
         out["d2d_copy_gbps"] = 2 * a.numel() * 2 / (st["median_ms"] * 1e-3) / 1e9
         del a, b
         s = 8192
         x = torch.randn(s, s, device=dev, dtype=torch.bfloat16)
         y = torch.randn(s, s, device=dev, dtype=torch.bfloat16)
-        st = bench(lambda: x @ y, dev, 3, 10)
+        st = bench(lambda x=x, y=y: x @ y, dev, 3, 10)
         out["bf16_gemm_8192_tflops"] = 2 * s**3 / (st["median_ms"] * 1e-3) / 1e12
         if self.fp8_ok:
             x8 = x.to(torch.float8_e4m3fn)
             y8 = y.t().contiguous().to(torch.float8_e4m3fn).t()
             one = torch.ones((), device=dev, dtype=torch.float32)
-            st = bench(lambda: torch._scaled_mm(x8, y8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
-                                                use_fast_accum=True), dev, 3, 10)
+            st = bench(
+                lambda: torch._scaled_mm(
+                    x8, y8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True
+                ),
+                dev,
+                3,
+                10,
+            )
             out["fp8_gemm_8192_tflops"] = 2 * s**3 / (st["median_ms"] * 1e-3) / 1e12
         del x, y
         torch.cuda.empty_cache()
@@ -844,7 +926,10 @@ class Runner:
             row["kv_read_gb"] = kv_bytes / 1e9
             for prec in precisions:
                 fp8 = prec == "fp8"
-                step = (lambda x=x, fp8=fp8: m.decode(x, self.kv, c.ctx, fp8))
+
+                def step(x=x, fp8=fp8):
+                    return m.decode(x, self.kv, c.ctx, fp8)
+
                 wb = m.weight_bytes(fp8)
                 try:
                     st = bench(step, dev, c.warmup, c.iters)
@@ -859,7 +944,7 @@ class Runner:
                         row[f"{prec}_graph_ms"] = st["median_ms"]
                         row[f"{prec}_graph"] = st
                         if bsz == c.power_batch and prec == "bf16":
-                            self.power_graph = g
+                            self.power_graph = (g, x)  # keep the graph's input tensor alive
                         else:
                             del g
                     except Exception as e:  # noqa: BLE001
@@ -873,9 +958,14 @@ class Runner:
             if row.get("fp8_ms") and row.get("bf16_ms"):
                 row["fp8_speedup"] = row["bf16_ms"] / row["fp8_ms"]
             rows.append(row)
-            self.log(f"decode b={bsz:4d}: " + "  ".join(
-                f"{p} {row.get(p + '_ms', float('nan')):7.3f} ms (eager {row.get(p + '_eager_ms', float('nan')):.3f})"
-                for p in precisions) + (f"  fp8 x{row['fp8_speedup']:.2f}" if "fp8_speedup" in row else ""))
+            self.log(
+                f"decode b={bsz:4d}: "
+                + "  ".join(
+                    f"{p} {row.get(p + '_ms', math.nan):7.3f} ms (eager {row.get(p + '_eager_ms', math.nan):.3f})"
+                    for p in precisions
+                )
+                + (f"  fp8 x{row['fp8_speedup']:.2f}" if "fp8_speedup" in row else "")
+            )
             self.save()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -898,8 +988,12 @@ class Runner:
             for prec in precisions:
                 fp8 = prec == "fp8"
                 try:
-                    st = bench(lambda x=x, fp8=fp8: m.prefill(x, self.kv_pre, fp8), dev,
-                               max(1, c.warmup // 2), c.prefill_iters.get(t, 10))
+                    st = bench(
+                        lambda x=x, fp8=fp8: m.prefill(x, self.kv_pre, fp8),
+                        dev,
+                        max(1, c.warmup // 2),
+                        c.prefill_iters.get(t, 10),
+                    )
                     row[f"{prec}_ms"] = st["median_ms"]
                     row[prec] = st
                     row[f"{prec}_ms_per_token"] = st["median_ms"] / t
@@ -909,9 +1003,11 @@ class Runner:
             if row.get("fp8_ms") and row.get("bf16_ms"):
                 row["fp8_speedup"] = row["bf16_ms"] / row["fp8_ms"]
             rows.append(row)
-            self.log(f"prefill {t:5d}: " + "  ".join(f"{p} {row.get(p + '_ms', float('nan')):8.2f} ms"
-                                                      for p in precisions)
-                     + (f"  fp8 x{row['fp8_speedup']:.2f}" if "fp8_speedup" in row else ""))
+            self.log(
+                f"prefill {t:5d}: "
+                + "  ".join(f"{p} {row.get(p + '_ms', float('nan')):8.2f} ms" for p in precisions)
+                + (f"  fp8 x{row['fp8_speedup']:.2f}" if "fp8_speedup" in row else "")
+            )
             self.save()
 
     def idle(self, name: str) -> None:
@@ -920,9 +1016,15 @@ class Runner:
         time.sleep(self.cfg.idle_s)
         self.mark(name, t0, time.time(), e0, self.energy())
 
-    def sustain(self, name: str, step, unit: str, units_per_call: int, sync_every: int) -> None:
+    def sustain(self, name: str, step, unit: str, units_per_call: int) -> None:
+        """Run step back to back for phase_s seconds, synchronizing about every 0.1 s (not every call, so the
+        queue never drains; not rarely, so the phase ends on time)."""
         dev = self.dev
         sync(dev)
+        t = time.perf_counter()
+        step()
+        sync(dev)
+        sync_every = max(1, int(0.1 / max(time.perf_counter() - t, 1e-6)))
         e0, t0 = self.energy(), time.time()
         calls = 0
         while time.time() - t0 < self.cfg.phase_s:
@@ -931,8 +1033,16 @@ class Runner:
             calls += sync_every
             sync(dev)
         t1 = time.time()
-        self.mark(name, t0, t1, e0, self.energy(), work_units=calls * units_per_call, unit=unit,
-                  unit_ms=(t1 - t0) * 1e3 / max(calls, 1))
+        self.mark(
+            name,
+            t0,
+            t1,
+            e0,
+            self.energy(),
+            work_units=calls * units_per_call,
+            unit=unit,
+            unit_ms=(t1 - t0) * 1e3 / max(calls, 1),
+        )
 
     def power(self) -> None:
         c, dev, m = self.cfg, self.dev, self.model
@@ -946,18 +1056,26 @@ class Runner:
             return
         for prec, fp8 in runs:
             xb = torch.randn(c.power_batch, c.hidden, device=dev, dtype=self.dtype, generator=m.gen)
-            step = (lambda xb=xb, fp8=fp8: m.decode(xb, self.kv, c.ctx, fp8))
+
+            def step(xb=xb, fp8=fp8):
+                return m.decode(xb, self.kv, c.ctx, fp8)
+
             if dev.type == "cuda" and not self.args.no_graphs:
-                g = self.power_graph if (not fp8 and getattr(self, "power_graph", None) is not None) else None
+                pg = getattr(self, "power_graph", None)
+                g = pg[0] if (not fp8 and pg is not None) else None
                 try:
                     g = g or self._graph(step)
                     step = g.replay
                 except Exception as e:  # noqa: BLE001
                     self.err(f"power decode graph {prec}", e)
-            self.sustain(f"decode_b{c.power_batch}_{prec}", step, "decode steps", 1, 20)
+            self.sustain(f"decode_b{c.power_batch}_{prec}", step, "decode steps", 1)
             xp = torch.randn(c.power_prefill, c.hidden, device=dev, dtype=self.dtype, generator=m.gen)
-            self.sustain(f"prefill_{c.power_prefill}_{prec}", lambda xp=xp, fp8=fp8: m.prefill(xp, self.kv_pre, fp8),
-                         "prefill passes", 1, 1)
+            self.sustain(
+                f"prefill_{c.power_prefill}_{prec}",
+                lambda xp=xp, fp8=fp8: m.prefill(xp, self.kv_pre, fp8),
+                "prefill passes",
+                1,
+            )
             self.log(f"power phases {prec} done")
         self.power_graph = None
         self.idle("idle_after")
@@ -982,8 +1100,11 @@ class Runner:
                 self.res["power"]["smi_read_lag_s_median"] = statistics.median(lags)
             sm = [r.get("clocks.sm") for r in smi_rows if r.get("clocks.sm") is not None]
             if sm:
-                self.res["clocks_seen"] = {"sm_mhz_min": min(sm), "sm_mhz_max": max(sm),
-                                           "sm_mhz_distinct": sorted(set(sm))[:40]}
+                self.res["clocks_seen"] = {
+                    "sm_mhz_min": min(sm),
+                    "sm_mhz_max": max(sm),
+                    "sm_mhz_distinct": sorted(set(sm))[:40],
+                }
             mem = [r.get("clocks.mem") for r in smi_rows if r.get("clocks.mem") is not None]
             if mem:
                 self.res.setdefault("clocks_seen", {}).update({"mem_mhz_min": min(mem), "mem_mhz_max": max(mem)})
@@ -1003,11 +1124,15 @@ class Runner:
             base = min(dec)
             r["decode_fp8_speedup_by_batch"] = {b: row.get("fp8_speedup") for b, row in dec.items()}
             r["decode_bf16_ms_over_batch_min"] = {
-                b: row["bf16_ms"] / dec[base]["bf16_ms"] for b, row in dec.items()
-                if row.get("bf16_ms") and dec[base].get("bf16_ms")}
+                b: row["bf16_ms"] / dec[base]["bf16_ms"]
+                for b, row in dec.items()
+                if row.get("bf16_ms") and dec[base].get("bf16_ms")
+            }
             r["decode_graph_vs_eager_bf16"] = {
-                b: row["bf16_eager_ms"] / row["bf16_graph_ms"] for b, row in dec.items()
-                if row.get("bf16_graph_ms") and row.get("bf16_eager_ms")}
+                b: row["bf16_eager_ms"] / row["bf16_graph_ms"]
+                for b, row in dec.items()
+                if row.get("bf16_graph_ms") and row.get("bf16_eager_ms")
+            }
         pre = self.res.get("prefill", [])
         if pre:
             r["prefill_fp8_speedup_by_tokens"] = {row["tokens"]: row.get("fp8_speedup") for row in pre}
@@ -1035,19 +1160,27 @@ class Runner:
         lines = []
         env = self.res.get("environment", {})
         st = self.res.get("nvidia_smi_static", {})
-        lines.append(f"device {env.get('device_name', env.get('device_type'))}  driver {st.get('driver_version')}  "
-                     f"torch {env.get('torch')}  CUDA {env.get('cuda_runtime')}  power.limit {st.get('power.limit')} W"
-                     f"  max SM {st.get('clocks.max.sm')} MHz")
+        lines.append(
+            f"device {env.get('device_name', env.get('device_type'))}  driver {st.get('driver_version')}  "
+            f"torch {env.get('torch')}  CUDA {env.get('cuda_runtime')}  power.limit {st.get('power.limit')} W"
+            f"  max SM {st.get('clocks.max.sm')} MHz"
+        )
         ce = self.res.get("ceilings")
         if ce:
             lines.append("ceilings: " + "  ".join(f"{k} {v:.0f}" for k, v in ce.items()))
         ch = self.res.get("checks", {})
-        lines.append("checks: " + ("ok" if ch.get("ok") else f"FAILED {ch.get('failed')}") + "  " + "  ".join(
-            f"{k}={v:.1e}" for k, v in ch.items() if isinstance(v, float)))
+        lines.append(
+            "checks: "
+            + ("ok" if ch.get("ok") else f"FAILED {ch.get('failed')}")
+            + "  "
+            + "  ".join(f"{k}={v:.1e}" for k, v in ch.items() if isinstance(v, float))
+        )
         lines.append("")
         lines.append(f"DECODE (ctx {self.cfg.ctx}, full {self.cfg.layers}-layer step; graph replay where available)")
-        lines.append(f"{'batch':>6} {'bf16 ms':>9} {'fp8 ms':>9} {'fp8 x':>6} {'bf16 eager':>11} {'fp8 eager':>10} "
-                     f"{'bf16 GB/s':>10} {'bf16 tok/s':>11} {'vs b1':>6}")
+        lines.append(
+            f"{'batch':>6} {'bf16 ms':>9} {'fp8 ms':>9} {'fp8 x':>6} {'bf16 eager':>11} {'fp8 eager':>10} "
+            f"{'bf16 GB/s':>10} {'bf16 tok/s':>11} {'vs b1':>6}"
+        )
         dec = self.res.get("decode", [])
         b1 = dec[0].get("bf16_ms") if dec else None
 
@@ -1055,32 +1188,42 @@ class Runner:
             return f"{v:>{w}.{p}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"
 
         for row in dec:
-            lines.append(f"{row['batch']:>6} {f(row.get('bf16_ms'), 9)} {f(row.get('fp8_ms'), 9)} "
-                         f"{f(row.get('fp8_speedup'), 6, 2)} {f(row.get('bf16_eager_ms'), 11)} "
-                         f"{f(row.get('fp8_eager_ms'), 10)} {f(row.get('bf16_achieved_gbps'), 10, 0)} "
-                         f"{f(row.get('bf16_tok_per_s'), 11, 0)} "
-                         f"{f(row['bf16_ms'] / b1 if b1 and row.get('bf16_ms') else None, 6, 2)}")
+            lines.append(
+                f"{row['batch']:>6} {f(row.get('bf16_ms'), 9)} {f(row.get('fp8_ms'), 9)} "
+                f"{f(row.get('fp8_speedup'), 6, 2)} {f(row.get('bf16_eager_ms'), 11)} "
+                f"{f(row.get('fp8_eager_ms'), 10)} {f(row.get('bf16_achieved_gbps'), 10, 0)} "
+                f"{f(row.get('bf16_tok_per_s'), 11, 0)} "
+                f"{f(row['bf16_ms'] / b1 if b1 and row.get('bf16_ms') else None, 6, 2)}"
+            )
         lines.append("")
         lines.append("PREFILL (one sequence, causal)")
-        lines.append(f"{'tokens':>6} {'bf16 ms':>9} {'fp8 ms':>9} {'fp8 x':>6} {'bf16 ms/tok':>12} "
-                     f"{'fp8 ms/tok':>11} {'bf16 TF/s':>10} {'fp8 TF/s':>9}")
+        lines.append(
+            f"{'tokens':>6} {'bf16 ms':>9} {'fp8 ms':>9} {'fp8 x':>6} {'bf16 ms/tok':>12} "
+            f"{'fp8 ms/tok':>11} {'bf16 TF/s':>10} {'fp8 TF/s':>9}"
+        )
         for row in self.res.get("prefill", []):
-            lines.append(f"{row['tokens']:>6} {f(row.get('bf16_ms'), 9, 2)} {f(row.get('fp8_ms'), 9, 2)} "
-                         f"{f(row.get('fp8_speedup'), 6, 2)} {f(row.get('bf16_ms_per_token'), 12, 5)} "
-                         f"{f(row.get('fp8_ms_per_token'), 11, 5)} {f(row.get('bf16_tflops'), 10, 0)} "
-                         f"{f(row.get('fp8_tflops'), 9, 0)}")
+            lines.append(
+                f"{row['tokens']:>6} {f(row.get('bf16_ms'), 9, 2)} {f(row.get('fp8_ms'), 9, 2)} "
+                f"{f(row.get('fp8_speedup'), 6, 2)} {f(row.get('bf16_ms_per_token'), 12, 5)} "
+                f"{f(row.get('fp8_ms_per_token'), 11, 5)} {f(row.get('bf16_tflops'), 10, 0)} "
+                f"{f(row.get('fp8_tflops'), 9, 0)}"
+            )
         pw = self.res.get("power", {}).get("phases", [])
         if pw:
             lines.append("")
             lines.append("POWER (nvidia-smi power.draw mean over the phase after a settling skip; E-ctr = NVML energy)")
-            lines.append(f"{'phase':>20} {'s':>5} {'n':>4} {'W':>7} {'W inst':>7} {'W E-ctr':>8} {'SM MHz':>7} "
-                         f"{'util%':>6} {'T max':>6} {'J/unit':>8} unit")
+            lines.append(
+                f"{'phase':>20} {'s':>5} {'n':>4} {'W':>7} {'W inst':>7} {'W E-ctr':>8} {'SM MHz':>7} "
+                f"{'util%':>6} {'T max':>6} {'J/unit':>8} unit"
+            )
             for p in pw:
-                lines.append(f"{p['phase']:>20} {p['duration_s']:>5.1f} {p['smi_samples']:>4} "
-                             f"{f(p.get('power_w_mean'), 7, 1)} {f(p.get('power_instant_w_mean'), 7, 1)} "
-                             f"{f(p.get('energy_counter_power_w'), 8, 1)} {f(p.get('sm_clock_mhz_mean'), 7, 0)} "
-                             f"{f(p.get('util_gpu_mean'), 6, 0)} {f(p.get('temp_c_max'), 6, 0)} "
-                             f"{f(p.get('energy_j_per_unit'), 8, 3)} {p.get('unit', '')}")
+                lines.append(
+                    f"{p['phase']:>20} {p['duration_s']:>5.1f} {p['smi_samples']:>4} "
+                    f"{f(p.get('power_w_mean'), 7, 1)} {f(p.get('power_instant_w_mean'), 7, 1)} "
+                    f"{f(p.get('energy_counter_power_w'), 8, 1)} {f(p.get('sm_clock_mhz_mean'), 7, 0)} "
+                    f"{f(p.get('util_gpu_mean'), 6, 0)} {f(p.get('temp_c_max'), 6, 0)} "
+                    f"{f(p.get('energy_j_per_unit'), 8, 3)} {p.get('unit', '')}"
+                )
         if self.res["errors"]:
             lines.append("")
             lines.append(f"ERRORS ({len(self.res['errors'])}): " + "; ".join(e["where"] for e in self.res["errors"]))
@@ -1096,8 +1239,13 @@ class Runner:
             with torch.inference_mode():
                 self.build()
                 self.idle("idle")  # weights and KV resident, no kernels running
-                for name, fn in (("checks", self.checks), ("ceilings", self.ceilings), ("decode", self.decode),
-                                 ("prefill", self.prefill), ("power", self.power)):
+                for name, fn in (
+                    ("checks", self.checks),
+                    ("ceilings", self.ceilings),
+                    ("decode", self.decode),
+                    ("prefill", self.prefill),
+                    ("power", self.power),
+                ):
                     try:
                         fn()
                     except Exception as e:  # noqa: BLE001

@@ -194,10 +194,15 @@ def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed:
     if sol is None:
         return None
     surge = _surge_ratio(now)
+    ref_ceiling = {p.key: p.replica_ceiling for p in inp.reference.pools}
     sized = []
     for q in pools:
         n = sol.replicas[q.key]
-        ceiling = min(inp.space.pool(q.key).max_replicas, math.ceil(n * surge) + (1 if n else 0))
+        # the autoscaler's room above the floor: at least the reference's (an unused ceiling costs nothing on
+        # either basis; a tight one turns a burst the forecast missed into TTFT violations)
+        ceiling = min(
+            inp.space.pool(q.key).max_replicas, max(math.ceil(n * surge) + (1 if n else 0), ref_ceiling.get(q.key, 0))
+        )
         sized.append(replace(q, replica_floor=n, replica_ceiling=ceiling))
     return replace(inp.reference.with_pools(tuple(sized)), label=label)
 

@@ -17,7 +17,7 @@ import polars as pl
 
 from optimizer.policy import History, Observations, Policy, PolicyContext
 from streams.ingest import IDEMPOTENCY_KEYS
-from streams.records import frame_schema, ts_to_wire, wire_to_frame
+from streams.records import frame_schema, ts_to_wire
 
 OBSERVED_KINDS = tuple(IDEMPOTENCY_KEYS)
 
@@ -41,13 +41,14 @@ class DecisionInput:
 
     period_index : the period decided for (its plan applies from `period_start`).
     period_start : start of that period (UTC); also the decision time `as_of`.
-    observations : kind -> wire records delivered since the previous decision.
+    observations : kind -> typed frame (streams.records.frame_schema) of the records delivered since the
+        previous decision; kinds without records may be absent.
     late_records : how many of them are late (their own period had closed) (count).
     """
 
     period_index: int
     period_start: datetime
-    observations: dict[str, list[dict[str, Any]]]
+    observations: dict[str, pl.DataFrame]
     late_records: int
 
 
@@ -57,14 +58,10 @@ class Decider(Protocol):
     def decide(self, inp: DecisionInput) -> dict[str, Any]: ...
 
 
-def observation_frames(observations: dict[str, list[dict[str, Any]]]) -> dict[str, pl.DataFrame]:
-    """Wire records per kind -> typed frames (every observed kind present, possibly empty)."""
-    out = {}
-    for kind in OBSERVED_KINDS:
-        rows = observations.get(kind, [])
-        out[kind] = (wire_to_frame(kind, rows, validate=False) if rows
-                     else pl.DataFrame(schema=frame_schema(kind)))
-    return out
+def observation_frames(observations: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
+    """Typed frames per kind, every observed kind present (an empty frame of its schema where absent)."""
+    return {kind: observations[kind] if kind in observations else pl.DataFrame(schema=frame_schema(kind))
+            for kind in OBSERVED_KINDS}
 
 
 class PolicyDecider:
@@ -112,6 +109,6 @@ class PolicyDecider:
             decision_id=decision_id(self.policy.name, markets, inp.period_start),
             period_index=inp.period_index, period_start=ts_to_wire(inp.period_start),
             late_records=inp.late_records,
-            observed={k: len(v) for k, v in sorted(inp.observations.items())},
+            observed={k: v.height for k, v in sorted(inp.observations.items()) if v.height},
         )
         return base

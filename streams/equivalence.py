@@ -58,3 +58,55 @@ def replay_decisions(directory: str | Path, decider_factory: Callable[[datetime]
     asyncio.run(run())
     ingestor.close()
     return list(sink)
+
+
+class _Recording:
+    """A policy wrapper that keeps every plan it returns as a dict (the embedded replay keeps labels only)."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self.plans: list[dict[str, Any]] = []
+
+    def start(self, ctx: Any, history: Any) -> Any:
+        plan = self.policy.start(ctx, history)
+        self.plans.append(plan.as_dict())
+        return plan
+
+    def plan(self, obs: Any) -> Any:
+        plan = self.policy.plan(obs)
+        self.plans.append(plan.as_dict())
+        return plan
+
+    def last_decision(self) -> dict[str, Any] | None:
+        return self.policy.last_decision()
+
+
+def embedded_replay(market: str, start: datetime, periods: int, policy: str, out: str | Path, seed: int = 0,
+                    period_s: float = 300.0) -> list[dict[str, Any]]:
+    """Run the embedded replay as `aurelius replay --emit-observations` does; return its plans per period.
+
+    Writes the observation stream to `out/observations/<market>/<policy>/seed<seed>/` (the layout of
+    `aurelius replay --emit-observations --out OUT`).
+
+    Parameters
+    ----------
+    market : one market (one site).
+    start : window start (UTC, on the hour).
+    periods : control periods with arrivals (`--periods`, count).
+    policy : policy name (`optimizer.wiring.build_policy`).
+    out : output directory.
+    seed : workload seed.
+    period_s : control period (s).
+    """
+    from optimizer.wiring import build_policy
+    from streams.workload.builder import build_workload
+    from worldmodel.fleet import default_fleet
+    from worldmodel.groundtruth.replay import run_replay
+    from worldmodel.groundtruth.replay_cli import _emit
+
+    wl = build_workload(market, start.year, start=start, periods=periods, period_minutes=period_s / 60.0, seed=seed)
+    rec = _Recording(build_policy(policy, wl, seed, period_s=period_s, window_periods=periods))
+    res = run_replay(wl, rec, default_fleet((market,)), period_s=period_s, keep_observations=True)  # type: ignore[arg-type]
+    _emit(Path(out) / "observations" / market / policy / f"seed{seed}", res)
+    return rec.plans

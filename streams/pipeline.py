@@ -21,7 +21,7 @@ is dead-lettered with the reason.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -96,9 +96,10 @@ _SUPPORTED = {"type", "enum", "const", "minimum", "maximum", "minLength", "maxLe
 
 
 def _date_time_pattern() -> str:
+    """fastjsonschema's own date-time pattern, in Rust regex syntax (Python's end-of-text `\\Z` is `\\z`)."""
     from fastjsonschema.draft04 import CodeGeneratorDraft04
 
-    return CodeGeneratorDraft04.FORMAT_REGEXS["date-time"]
+    return CodeGeneratorDraft04.FORMAT_REGEXS["date-time"].replace("\\Z", "\\z")
 
 
 def _core(prop: dict[str, Any]) -> Any:
@@ -123,7 +124,7 @@ def _core(prop: dict[str, Any]) -> Any:
         if fmt not in (None, "date-time"):
             return None
         schema = cs.str_schema(strict=True, min_length=prop.get("minLength"), max_length=prop.get("maxLength"),
-                               pattern=_date_time_pattern() if fmt else None, regex_engine="python-re")
+                               pattern=_date_time_pattern() if fmt else None, regex_engine="rust-regex")
     elif t in ("integer", "number"):
         make = cs.int_schema if t == "integer" else cs.float_schema
         extra = {} if t == "integer" else {"allow_inf_nan": False}
@@ -196,7 +197,8 @@ class Pipeline:
         self.topics = topics
         self.state = state
         self.clock = PeriodClock(period_s, allowed_lateness_s, origin=state.origin or origin,
-                                 max_event_at=state.max_event_at, closed_through=state.closed_through)
+                                 max_event_at=state.max_event_at, closed_through=state.closed_through,
+                                 partition_max_us=dict(state.partition_max_us))
         self.field_map = field_map
         self._kinds = {t.name: topics.kind_of(t.name) for t in topics.inputs()}
         self._fast = {k: fast_validator(k) for k in set(self._kinds.values())}
@@ -246,7 +248,15 @@ class Pipeline:
             raise FieldMapError(kind, source, f"maps to {mapped_kind}, but {msg.topic} carries {kind}")
         return record
 
-    def step(self, records: Sequence[Inbound]) -> StepResult:
+    def step(self, records: Sequence[Inbound], active: Collection[tuple[str, int]] | None = None) -> StepResult:
+        """Validate and clock one micro-batch, then advance the clock.
+
+        Parameters
+        ----------
+        records : consumed records, in order per partition.
+        active : partitions with records still to deliver after these (see `PeriodClock.advance`); None:
+            all caught up (an in-process feed in clock order).
+        """
         st, counts, clock = self.state, self.state.counts, self.clock
         dlq = self.topics.dead_letters.name
         dead: list[Outbound] = []
@@ -271,7 +281,7 @@ class Pipeline:
                 dead.append(dead_letter(msg, SchemaError(kind, f"unreadable time: {exc}", clock_field(kind)), dlq))
                 counts["dead_letters"] += 1
                 continue
-            index, late = clock.observe_us(to_us(at))
+            index, late = clock.assign(to_us(at), pos)
             counts["processed"] += 1
             if late:
                 counts["late"] += 1
@@ -282,8 +292,10 @@ class Pipeline:
             kr.values.append(value)
             kr.decision_period.append(clock.closed_through + 2 if late else max(index + 1, 1))
             kr.late.append(late)
+        clock.advance(active)
         clock.sync()
         st.origin, st.max_event_at, st.closed_through = clock.origin, clock.max_event_at, clock.closed_through
+        st.partition_max_us = dict(clock.partition_max_us)
         return StepResult(dead, IngestBatch(rows, st), self.due_decisions())
 
 

@@ -2,8 +2,9 @@
 
 Sources (one per run):
 
-- `--from-dir DIR`: a replay's `--emit-observations` output, `DIR/observations/<kind>.parquet` (schema
-  field names; `DIR` itself may be the observations folder), or exported topics as `DIR/<kind>.jsonl`
+- `--from-dir DIR`: a replay's `--emit-observations` output (`OUT/observations/<market>/<policy>/seed<k>/`
+  with `arrivals|completions|telemetry|fleet_events|prices.parquet`; `DIR` may be `OUT` if it holds one
+  such folder), `DIR/<kind>.parquet` (schema field names), or exported topics as `DIR/<kind>.jsonl`
   (one wire record per line);
 - otherwise the bundled hourly prices of `--markets` over the window of `--start/--year/--window-rule`
   and `--periods`.
@@ -35,26 +36,57 @@ from streams.topics import INPUT_KINDS, Topics, ensure_topics
 Item = tuple[datetime, int, str, dict[str, Any]]
 
 
+#: `aurelius replay --emit-observations` file stems (Observations fields) -> record kind.
+REPLAY_STEMS: dict[str, str] = {"arrivals": "request_arrival", "completions": "request_completion",
+                                "telemetry": "gpu_telemetry", "fleet_events": "fleet_event", "prices": "price"}
+
+
 def _frame_records(kind: str, df: pl.DataFrame) -> list[dict[str, Any]]:
+    if kind == "price":  # a replay's price frames are the bundled series: observable at publication
+        df = df.with_columns(
+            *([] if "event_at" in df.columns else [pl.col("interval_start").alias("event_at")]),
+            *([] if "arrived_at" in df.columns else [pl.col("published_at").alias("arrived_at")]),
+        )
     keep = [c for c in df.columns if c != "schema_version"]
     return frame_to_wire(kind, df.select(keep), validate=False)
 
 
-def load_directory(directory: str | Path) -> dict[str, list[dict[str, Any]]]:
-    """Wire records per kind from `<kind>.parquet` or `<kind>.jsonl` files (see module doc)."""
+def _files(root: Path) -> dict[str, Path]:
+    """kind -> file in `root`, by kind name (`<kind>.parquet|.jsonl`) or replay stem (`arrivals.parquet`)."""
+    out: dict[str, Path] = {}
+    for stem, kind in [*((k, k) for k in INPUT_KINDS), *REPLAY_STEMS.items()]:
+        for ext in ("parquet", "jsonl"):
+            if kind not in out and (root / f"{stem}.{ext}").exists():
+                out[kind] = root / f"{stem}.{ext}"
+    return out
+
+
+def find_observations(directory: str | Path) -> dict[str, Path]:
+    """The observation files under `directory`: in it, in `observations/`, or in the one folder below that
+    holds them (a replay writes `OUT/observations/<market>/<policy>/seed<k>/`)."""
     root = Path(directory)
     if (root / "observations").is_dir():
         root = root / "observations"
+    found = _files(root)
+    if found:
+        return found
+    below = sorted({p.parent for p in root.rglob("*") if p.suffix in (".parquet", ".jsonl")})
+    below = [d for d in below if _files(d)]
+    if len(below) != 1:
+        where = ", ".join(str(d) for d in below) or "none"
+        raise FileNotFoundError(f"need exactly one observation folder under {root}; found: {where} "
+                                f"(files <kind>.parquet|.jsonl, kinds: {', '.join(INPUT_KINDS)})")
+    return _files(below[0])
+
+
+def load_directory(directory: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """Wire records per kind from the observation files under `directory` (see `find_observations`)."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for kind in INPUT_KINDS:
-        pq_path, jl_path = root / f"{kind}.parquet", root / f"{kind}.jsonl"
-        if pq_path.exists():
-            out[kind] = _frame_records(kind, pl.read_parquet(pq_path))
-        elif jl_path.exists():
-            lines = jl_path.read_text().splitlines()
-            out[kind] = [json.loads(line) for line in lines if line.strip()]
-    if not out:
-        raise FileNotFoundError(f"no <kind>.parquet or <kind>.jsonl under {root} (kinds: {', '.join(INPUT_KINDS)})")
+    for kind, path in find_observations(directory).items():
+        if path.suffix == ".parquet":
+            out[kind] = _frame_records(kind, pl.read_parquet(path))
+        else:
+            out[kind] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return out
 
 

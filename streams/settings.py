@@ -31,6 +31,12 @@ class WorkerSettings(BaseSettings):
     session_timeout_s, heartbeat_interval_s, rebalance_timeout_s : consumer-group timers (s); the defaults
         make a group join take ~5 s on Tansu (BROKER.md).
     stats_interval_s : how often a JSON stats line is logged (s).
+    field_map : TOML field map for foreign producers (streams/fieldmaps/default.toml format); None: none.
+    history_from_replay : build the policy, its context and the 7-day history exactly as the embedded replay
+        does (`streams.workload.builder.build_workload` over the window below), so the worker's decisions
+        match `aurelius replay` for the same data and seed; period 0 starts at the window start.
+    year, window_rule, window_periods, seed : the replay window of `history_from_replay` (`aurelius replay`
+        --year, --window-rule, --periods (count), --seed); `start` of the worker (--start) overrides the rule.
     """
 
     model_config = SettingsConfigDict(env_prefix="AURELIUS_", extra="ignore")
@@ -50,3 +56,9 @@ class WorkerSettings(BaseSettings):
     heartbeat_interval_s: float = 1.0
     rebalance_timeout_s: float = 6.0
     stats_interval_s: float = 5.0
+    field_map: str | None = None
+    history_from_replay: bool = False
+    year: int = 2023
+    window_rule: str = "max"
+    window_periods: int | None = None
+    seed: int = 0

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sinks.audit_store import ParquetAuditStore
 from streams.app import Worker, build_app
@@ -18,16 +20,61 @@ from streams.topics import Topics, ensure_topics
 
 
 def policy_decider(settings: WorkerSettings, origin: datetime) -> Decider:
-    """The registered policy `settings.policy` as a Decider for one market, window starting at `origin`."""
+    """The policy `settings.policy` as a Decider for one market, window starting at `origin`, no history."""
     import polars as pl
 
-    from optimizer.policy import History, PolicyContext, create
+    from optimizer.policy import History, PolicyContext
+    from optimizer.wiring import build_policy
     from worldmodel.fleet import default_fleet
 
-    ctx = PolicyContext(fleet=default_fleet(), markets=(settings.market,), window_start=origin,
-                        period_s=settings.period_s, periods=0, seed=0)
+    ctx = PolicyContext(fleet=default_fleet((settings.market,)), markets=(settings.market,), window_start=origin,
+                        period_s=settings.period_s, periods=0, seed=settings.seed)
     empty = pl.DataFrame()
-    return PolicyDecider(create(settings.policy), ctx, History(empty, empty, empty))
+    return PolicyDecider(build_policy(settings.policy, seed=settings.seed, period_s=settings.period_s),
+                         ctx, History(empty, empty, empty))
+
+
+@dataclass(frozen=True)
+class ReplaySetup:
+    """What the embedded replay gives its policy, rebuilt for the worker (see `replay_setup`).
+
+    origin : the window start (UTC): period 0 of the worker's clock.
+    decider : the policy with the replay's context and 7-day history.
+    """
+
+    origin: datetime
+    decider: PolicyDecider
+
+
+def replay_setup(settings: WorkerSettings, start: datetime | None = None) -> ReplaySetup:
+    """The policy, context and history exactly as `aurelius replay` builds them (one site, `settings.market`).
+
+    Parameters
+    ----------
+    settings : market, policy, period_s, year, window_rule, window_periods, seed.
+    start : window start (UTC, on the hour); None: the window rule over `settings.year`.
+    """
+    import polars as pl
+
+    from optimizer.policy import PolicyContext
+    from optimizer.wiring import build_policy
+    from streams.workload.builder import build_workload
+    from worldmodel.fleet import default_fleet
+
+    wl = build_workload(settings.market, settings.year, rule=settings.window_rule, start=start,  # type: ignore[arg-type]
+                        periods=settings.window_periods, period_minutes=settings.period_s / 60.0, seed=settings.seed)
+    window_s = (wl.window.end - wl.window.start).total_seconds()
+    sla: dict[str, dict[str, float | None]] = {}
+    for cls in ("code", "chat", "batch"):  # as worldmodel.groundtruth.replay gives its policies
+        sub = wl.requests.filter(pl.col("request_class") == cls).head(1)
+        if sub.height:
+            sla[cls] = {"ttft_ms": sub["sla_ttft_ms"][0], "tpot_ms": sub["sla_tpot_ms"][0]}
+    ctx = PolicyContext(fleet=default_fleet((settings.market,)), markets=(settings.market,),
+                        window_start=wl.window.start, period_s=settings.period_s,
+                        periods=int(round(window_s / settings.period_s)), seed=wl.seed, sla=sla)
+    policy = build_policy(settings.policy, wl, settings.seed, period_s=settings.period_s,
+                          window_periods=settings.window_periods)
+    return ReplaySetup(wl.window.start, PolicyDecider(policy, ctx, wl.history))
 
 
 def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, datetime], Decider],
@@ -42,8 +89,18 @@ def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, d
     """
     topics = Topics(prefix=settings.topic_prefix)
     asyncio.run(ensure_topics(settings.bootstrap_servers, topics.all()))
+    if settings.history_from_replay:
+        setup = replay_setup(settings, origin)
+        origin = setup.origin
+        decider_factory = lambda _s, _o: setup.decider  # noqa: E731
+    field_map = None
+    if settings.field_map:
+        from streams.fieldmap import FieldMap
+
+        field_map = FieldMap.load(None if settings.field_map == "default" else settings.field_map)
     ingestor = DuckDBIngestor.open(settings.db)
-    pipeline = Pipeline(topics, ingestor.load_state(), settings.period_s, settings.allowed_lateness_s, origin)
+    pipeline = Pipeline(topics, ingestor.load_state(), settings.period_s, settings.allowed_lateness_s, origin,
+                        field_map=field_map)
 
     audit = ParquetAuditStore(settings.audit_dir)
     app = build_app(
@@ -60,13 +117,21 @@ def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, d
     return 0
 
 
+#: Flags of `aurelius worker` that map onto `WorkerSettings` fields when given (None: env, then default).
+_OPTIONAL = ("period_s", "allowed_lateness_s", "group_id", "field_map", "history_from_replay", "year",
+             "window_rule", "seed")
+
+
 def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
     """Command-line flags over env `AURELIUS_*` over defaults."""
-    given = {k: getattr(args, k) for k in ("bootstrap_servers", "db", "audit_dir", "market", "policy")}
+    given: dict[str, Any] = {k: getattr(args, k) for k in ("bootstrap_servers", "db", "audit_dir", "market",
+                                                            "policy")}
     given["topic_prefix"] = args.topic_prefix
-    for name in ("period_s", "allowed_lateness_s", "group_id"):
-        if getattr(args, name, None) is not None:
+    for name in _OPTIONAL:
+        if getattr(args, name, None) not in (None, False):
             given[name] = getattr(args, name)
+    if getattr(args, "periods", None) is not None:
+        given["window_periods"] = args.periods
     return WorkerSettings(**given)
 
 

@@ -191,14 +191,15 @@ class ForwardModel:
         cvs = (cv, cv * snap.risk_band) if hi else (cv,)  # the band widens the spread, pessimistically
         out = _Scenario()
         by_model: dict[str, list[ClassDemand]] = {}
+        for p in pools:  # placement order: the plan's pools (the runtime starts replicas in this order)
+            by_model.setdefault(p.plan.model, [])
         for d in fc.demand:
             by_model.setdefault(d.model, []).append(d)
-        for p in pools:  # models without demand still hold (and power) their replicas
-            by_model.setdefault(p.plan.model, [])
         power_w = 0.0
         gpus_used: dict[tuple[str, str], float] = {}
         gpu_hours: dict[str, float] = {}
         free: dict[tuple[str, str], float] = {k: float(v) for k, v in self.inventory.items()}
+        served: dict[str, tuple[_Load, list[_PoolResult], float, tuple[float, float, float]]] = {}
         for model, demands in by_model.items():
             mpools = [p for p in pools if p.plan.model == model]
             if not mpools:
@@ -206,16 +207,17 @@ class ForwardModel:
             load, batch_info = self._model_load(snap, plan, fc, demands, scenario, mpools, sm)
             res = self._serve_model(sm, plan, mpools, load, T, free)
             out.cold_starts += sum(max(math.ceil(r.replicas) - p.current, 0) for p, r in zip(mpools, res, strict=True))
-            mu = sum(r.mu for r in res)
-            for d in demands:
-                self._class_outcome(
-                    out, d, _rate(d, scenario), load, res, mu, T, cvs, batch_info, tails=scenario == "point"
-                )
+            served[model] = (load, res, sum(r.mu for r in res), batch_info)
             for p, r in zip(mpools, res, strict=True):
                 power_w += r.power_w
                 key = (p.plan.site, p.plan.gpu)
                 gpus_used[key] = gpus_used.get(key, 0.0) + r.replicas * p.plan.tp
                 gpu_hours[p.plan.gpu] = gpu_hours.get(p.plan.gpu, 0.0) + r.replicas * p.plan.tp * T / 3600.0
+        for d in fc.demand:  # class outcomes in the forecast's order
+            load, res, mu, batch_info = served.get(d.model, (_Load(0, 0, 0, 0, 0, 0), [], 0.0, (0.0, 0.0, 0.0)))
+            self._class_outcome(
+                out, d, _rate(d, scenario), load, res, mu, T, cvs, batch_info, tails=scenario == "point"
+            )
         for (_site, gpu), n in gpus_used.items():  # every node hosting a replica draws its overhead
             power_w += math.ceil(n / _GPUS_PER_NODE - 1e-9) * sm.node_overhead_w(gpu)
         if self.idle_power:

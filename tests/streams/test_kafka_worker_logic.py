@@ -116,4 +116,6 @@ def test_equivalence_hook_replays_an_observation_directory(tmp_path, records):
     out = replay_decisions(tmp_path, lambda origin: CountingDecider(), period_s=60, allowed_lateness_s=5,
                            batch_records=3)
     assert [d["period_index"] for d in out] == [0, 1, 2]
-    assert [d["observed"].get("request_arrival", 0) for d in out] == [0, 3, 3]
+    # period k is (k * 60 s, (k + 1) * 60 s]: decision 1 sees r0 (at the origin: history) and r1..r3 (r3 at
+    # 60 s ends period 0); r4 at 80 s puts the watermark at 75 s, closing period 0; r7 closes period 1
+    assert [d["observed"].get("request_arrival", 0) for d in out] == [0, 4, 3]

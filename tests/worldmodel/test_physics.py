@@ -96,7 +96,8 @@ def test_fp8_faster_than_bf16_consistent_with_aiconfigurator():
     tpot = _decode_s(fp8, 64, 1024 + 512) + 64 / 1024 * (_prefill_s(fp8, 1024) - fp8.base_s)
     assert tpot * 1e3 == pytest.approx(19.5, rel=0.10)
     speedup = _decode_s(bf16, 64) / _decode_s(fp8, 64)
-    assert 1.3 < speedup < 2.0
+    # the measured H200 decode-step gain (benchmarks/results/gpu_calibration_h200.json): 1.06x-1.13x
+    assert 1.05 < speedup < 1.15
     none = step_coefficients("llama-3.1-70b", "H100", 4, "fp8", H100_MAX, fp8_speedup_scale=0.0)
     assert _decode_s(none, 64) == pytest.approx(_decode_s(bf16, 64))
 

@@ -1,0 +1,144 @@
+"""Issue 7 item 8: decisions made through the streaming worker equal the embedded replay's.
+
+The embedded replay runs a 4-period PJM window (then its drain, 36 decisions) under production-tuned, whose
+plan depends on the prices published so far (its p90 price rule and the note it records); it writes the
+observation stream as `aurelius replay --emit-observations` does. That directory goes (a) through the
+worker's per-batch logic in process and (b) through Kafka (`aurelius publish --from-dir`, `aurelius worker`
+with the replay's history), and the plan chosen for every period must be the same dict.
+
+Also here: the validation fast path (`streams.pipeline.fast_validator`) never accepts what the JSON Schema
+rejects, and accepts every good record, on records of every kind and their mutations.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from schemas import SchemaError, validate
+from streams.equivalence import embedded_replay, replay_decisions
+from streams.pipeline import fast_validator
+from streams.publish import load_directory
+from streams.settings import WorkerSettings
+from streams.topics import INPUT_KINDS
+
+START = datetime(2023, 7, 27, 16, tzinfo=UTC)
+PERIODS = 4
+POLICY = "production-tuned"
+
+
+def _canon(plans: list[dict[str, Any]]) -> list[str]:
+    return [json.dumps(p, sort_keys=True, default=str) for p in plans]
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("replay")
+    return out, embedded_replay("PJM", START, PERIODS, POLICY, out)
+
+
+def _settings() -> WorkerSettings:
+    return WorkerSettings(market="PJM", policy=POLICY, period_s=300.0, window_periods=PERIODS,
+                          history_from_replay=True)
+
+
+@pytest.mark.slow
+def test_worker_logic_decides_as_the_embedded_replay(replayed):
+    from streams.worker_cli import replay_setup
+
+    out, plans = replayed
+    setup = replay_setup(_settings(), START)
+    records = replay_decisions(out, lambda _origin: setup.decider, period_s=300.0, allowed_lateness_s=30.0,
+                               origin=setup.origin, batch_records=7000)
+    assert [r["period_index"] for r in records] == list(range(len(plans)))
+    assert _canon([r["chosen_plan"] for r in records]) == _canon(plans)
+    notes = {p["notes"] for p in plans}
+    assert len(notes) >= 3, "the plans must depend on the published prices, or the test proves little"
+    assert records[1]["observed"]["price"] == 168 and records[12]["observed"] == {"gpu_telemetry": 150, "price": 1}
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_kafka_worker_decides_as_the_embedded_replay(replayed, kafka_bootstrap, topic_prefix_factory, kafka_tools,
+                                                     tmp_path):
+    from sinks import sql
+
+    out, plans = replayed
+    prefix = topic_prefix_factory()
+    kafka_tools.create_topics(kafka_bootstrap, prefix)
+    pub = kafka_tools.Proc(["publish", "--from-dir", str(out), "--speedup", "0", "--bootstrap-servers",
+                            kafka_bootstrap, "--topic-prefix", prefix], cwd=tmp_path)
+    assert pub.p.wait(180) == 0, "".join(pub.lines)
+    env = {"AURELIUS_HISTORY_FROM_REPLAY": "true", "AURELIUS_WINDOW_PERIODS": str(PERIODS)}
+    worker = kafka_tools.Proc(["worker", "--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix,
+                               "--group-id", f"{prefix}worker", "--db", "state.duckdb", "--audit-dir", "audit",
+                               "--policy", POLICY, "--market", "PJM", "--period-s", "300",
+                               "--allowed-lateness-s", "30", "--start", START.isoformat()], cwd=tmp_path, env=env)
+    try:
+        st = worker.wait_for(lambda s: s["decided_through"] >= len(plans) - 1, timeout_s=300)
+    finally:
+        worker.stop()
+    assert st["counts"]["late"] == 0 and st["counts"]["dead_letters"] == 0
+    got = sql.query("SELECT period_index, chosen_plan FROM audit ORDER BY 1", tmp_path / "audit")
+    assert got["period_index"].to_list() == list(range(len(plans)))
+    assert _canon([json.loads(p) for p in got["chosen_plan"]]) == _canon(plans)
+
+
+# --- the validation fast path against the schema validator ---
+
+
+def _mutations(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each field: removed, null, a wrong type, out of range, a bad time; plus an unknown field."""
+    out = [dict(record, unknown_field=1)]
+    for name, value in record.items():
+        out.append({k: v for k, v in record.items() if k != name})
+        for bad in (None, "x", "", 1, 1.5, -1, 10**20, True, [], {}, [None], ["x"], [1.0],
+                    "2023-07-01T13:00:00", "2023-02-30T13:00:00Z", "2023-07-01T13:00:00Z\n", "2023-07-01 13:00:00Z"):
+            if bad != value or type(bad) is not type(value):
+                out.append(dict(record, **{name: bad}))
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out.append(dict(record, **{name: float(value)}))  # integral float: "integer" accepts it
+    return out
+
+
+def _schema_ok(kind: str, record: Any) -> bool:
+    try:
+        validate(kind, json.loads(json.dumps(record)))
+        return True
+    except SchemaError:
+        return False
+
+
+@pytest.mark.slow
+def test_fast_path_accepts_only_schema_valid_records(replayed):
+    out, _ = replayed
+    records = load_directory(out)
+    assert set(records) == set(INPUT_KINDS)
+    for kind, rows in records.items():
+        fast = fast_validator(kind)
+        assert fast is not None, f"no fast path for {kind}"
+        sample = rows[:: max(len(rows) // 40, 1)]
+        for good in sample:
+            fast(json.dumps(good).encode())  # every good record takes the fast path
+        tried = accepted = 0
+        for bad in (m for good in sample[:3] for m in _mutations(good)):
+            tried += 1
+            raw = json.dumps(bad).encode()
+            try:
+                fast(raw)
+            except ValueError:
+                continue
+            accepted += 1
+            assert _schema_ok(kind, bad), f"fast path accepted a schema-invalid {kind}: {raw!r}"
+        assert tried > 100 and accepted < tried
+
+
+def test_fast_path_rejects_malformed_bytes():
+    fast = fast_validator("price")
+    assert fast is not None
+    for raw in (b"", b"{", b"[]", b"null", b"\xff\xfe", b'{"schema_version": "1"} trailing', b"NaN"):
+        with pytest.raises(ValueError):
+            fast(raw)
