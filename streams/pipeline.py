@@ -92,7 +92,7 @@ def clock_time(kind: str, record: dict[str, object]) -> datetime:
 # --- fast path: a pydantic-core validator derived from each JSON Schema file ---
 
 _SUPPORTED = {"type", "enum", "const", "minimum", "maximum", "minLength", "maxLength", "format", "items",
-              "description", "title", "examples", "$comment", "default"}
+              "minItems", "maxItems", "description", "title", "examples", "$comment", "default"}
 
 
 def _date_time_pattern() -> str:
@@ -125,17 +125,19 @@ def _core(prop: dict[str, Any]) -> Any:
             return None
         schema = cs.str_schema(strict=True, min_length=prop.get("minLength"), max_length=prop.get("maxLength"),
                                pattern=_date_time_pattern() if fmt else None, regex_engine="rust-regex")
-    elif t in ("integer", "number"):
-        make = cs.int_schema if t == "integer" else cs.float_schema
-        extra = {} if t == "integer" else {"allow_inf_nan": False}
-        schema = make(strict=True, ge=prop.get("minimum"), le=prop.get("maximum"), **extra)
+    elif t == "number":
+        schema = cs.float_schema(strict=True, ge=prop.get("minimum"), le=prop.get("maximum"), allow_inf_nan=False)
+    elif t == "integer":  # JSON Schema's integer includes integral floats (1980.0)
+        bounds = {"ge": prop.get("minimum"), "le": prop.get("maximum")}
+        schema = cs.union_schema([cs.int_schema(strict=True, **bounds),
+                                  cs.float_schema(strict=True, multiple_of=1.0, allow_inf_nan=False, **bounds)])
     elif t == "boolean":
         schema = cs.bool_schema(strict=True)
     elif t == "array" and isinstance(prop.get("items"), dict):
         item = _core(prop["items"])
         if item is None:
             return None
-        schema = cs.list_schema(item, strict=True)
+        schema = cs.list_schema(item, strict=True, min_length=prop.get("minItems"), max_length=prop.get("maxItems"))
     else:
         return None
     return cs.nullable_schema(schema) if nullable else schema

@@ -90,24 +90,29 @@ def site_pools(
     precision: str = "bf16",
     clock: dict[str, int] | None = None,
 ) -> tuple[PoolPlan, ...]:
-    """Pools for both models on every GPU type of the site, preferred type first, floor on the preferred type."""
+    """Pools for both models on every GPU type of the site, preferred type first.
+
+    Each model's floor (replicas) goes on its preferred GPU type as far as that type's free GPUs allow and
+    spills onto the next type; the big model is placed first. Ceilings are the whole inventory per type.
+    """
+    free = {g.gpu: site.gpus(g.gpu) for g in site.groups}
+    placed: dict[tuple[str, str], int] = {}
+    for model in sorted(PREFERRED_GPU, key=lambda m: -max(DEFAULT_TP[(m, g)] for g in free)):
+        left = floors.get(model, 1)
+        for gpu in (g for g in PREFERRED_GPU[model] if free.get(GpuType(g), 0) > 0):
+            tp = DEFAULT_TP[(model, GpuType(gpu))]
+            n = min(left, free[GpuType(gpu)] // tp)
+            placed[(model, gpu)] = n
+            free[GpuType(gpu)] -= n * tp
+            left -= n
     pools = []
     for model, prefs in PREFERRED_GPU.items():
-        for k, gpu in enumerate(g for g in prefs if site.gpus(GpuType(g)) > 0):
+        for gpu in (g for g in prefs if site.gpus(GpuType(g)) > 0):
             tp = DEFAULT_TP[(model, GpuType(gpu))]
             mhz = (clock or {}).get(gpu, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1])
             prec = precision if gpu == "H100" else "bf16"
+            floor = placed.get((model, gpu), 0)
             pools.append(
-                PoolPlan(
-                    site.name,
-                    model,
-                    gpu,
-                    floors.get(model, 1) if k == 0 else 0,
-                    site.gpus(GpuType(gpu)) // tp,
-                    tp,
-                    prec,
-                    max_batch,
-                    int(mhz),
-                )
+                PoolPlan(site.name, model, gpu, floor, site.gpus(GpuType(gpu)) // tp, tp, prec, max_batch, int(mhz))
             )
     return tuple(pools)

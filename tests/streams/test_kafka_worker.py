@@ -46,9 +46,12 @@ def test_dead_letters_late_records_redelivery_and_audit(kafka_bootstrap, topic_p
     bad = [b"{not json", violation, unknown]
     arrivals = topics.request_arrivals.name
     closer = json.dumps(records.arrival("closer", t0 + timedelta(seconds=200))).encode()  # closes period 2
-    kafka_tools.produce(kafka_bootstrap, arrivals, good[:5] + bad + good[5:] + [late, closer])
+    kafka_tools.produce(kafka_bootstrap, arrivals, good[:5] + bad + good[5:])
     worker = _worker(kafka_tools, kafka_bootstrap, prefix, tmp_path)
     try:
+        # good records up to 135 s: watermark 130 s closes periods 0 = (0, 60] and 1 = (60, 120]
+        worker.wait_for(lambda s: s["counts"]["records_in"] == 13 and s["decided_through"] >= 2)
+        kafka_tools.produce(kafka_bootstrap, arrivals, [late, closer])  # late: period 0 closed before it came
         st = worker.wait_for(lambda s: s["counts"]["records_in"] == 15 and s["decided_through"] >= 3)
         c = st["counts"]
         assert (c["processed"], c["dead_letters"], c["late"]) == (12, 3, 1)

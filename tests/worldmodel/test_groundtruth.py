@@ -323,11 +323,8 @@ def test_batch_sla_is_the_deadline() -> None:
     o = request_outcomes(SimpleNamespace(runtime=rt))  # type: ignore[arg-type]
     assert np.isfinite(rt.req.done).all()
     assert o["sla_met"].tolist() == [True, False]
-    idx = np.arange(2)
-    assert met(rt.req.cls, o["ttft_s"], o["tpot_s"], rt.req.done, rt.req.deadline, rt.requests, idx).tolist() == [
-        True,
-        False,
-    ]
+    sla = met(rt.req.cls, o["ttft_s"], o["tpot_s"], rt.req.done, rt.req.deadline, rt.slo_ttft_s, rt.slo_tpot_s)
+    assert sla.tolist() == [True, False]
 
 
 def test_edf_orders_deferrable_work_by_deadline_fcfs_by_arrival() -> None:

@@ -76,10 +76,9 @@ def site_row_prices(run: RunResult) -> np.ndarray:
 def request_outcomes(run: RunResult) -> dict[str, np.ndarray]:
     """Per-request arrays: class, ttft_s, tpot_s, done flag, sla_met, output tokens."""
     req = run.runtime.req
-    idx = np.arange(req.arrival.shape[0])
     ttft = req.first - req.arrival
     tpot = np.where(req.out > 1, (req.done - req.first) / np.maximum(req.out - 1, 1), 0.0)
-    sla = met(req.cls, ttft, tpot, req.done, req.deadline, run.runtime.requests, idx)
+    sla = met(req.cls, ttft, tpot, req.done, req.deadline, run.runtime.slo_ttft_s, run.runtime.slo_tpot_s)
     return {
         "cls": req.cls,
         "ttft_s": ttft,

@@ -88,7 +88,7 @@ class ObservationStream:
         pool = rt.rep.pool[np.maximum(rep, 0)]
         gpu = np.array([g for _, _, g in rt.pool_keys])[pool]
         cls = req.cls[idx]
-        sla = met(cls, ttft, tpot, done, req.deadline[idx], rt.requests, idx)
+        sla = met(cls, ttft, tpot, done, req.deadline[idx], rt.slo_ttft_s[idx], rt.slo_tpot_s[idx])
         return pl.DataFrame(
             {
                 "schema_version": ["1"] * len(idx),
@@ -197,13 +197,11 @@ def met(
     tpot: np.ndarray,
     done: np.ndarray,
     deadline: np.ndarray,
-    requests: pl.DataFrame,
-    idx: np.ndarray,
+    ttft_slo_s: np.ndarray,
+    tpot_slo_s: np.ndarray,
 ) -> np.ndarray:
-    """SLA met per request: interactive TTFT and mean TPOT within SLO; deferrable done by its deadline."""
-    ttft_slo = requests["sla_ttft_ms"].fill_null(np.inf).to_numpy()[idx] / 1000.0
-    tpot_slo = requests["sla_tpot_ms"].fill_null(np.inf).to_numpy()[idx] / 1000.0
+    """SLA met per request: interactive TTFT and mean TPOT within SLO (s); deferrable done by its deadline."""
     finished = ~np.isnan(done)
-    interactive = (ttft <= ttft_slo) & (tpot <= tpot_slo)
+    interactive = (ttft <= ttft_slo_s) & (tpot <= tpot_slo_s)
     deferrable = done <= deadline
     return finished & np.where(cls == 2, deferrable, interactive)

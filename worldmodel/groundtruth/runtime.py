@@ -135,6 +135,9 @@ class SiteRuntime:
         n = requests.height
         i8 = np.int64
         self.req = _requests(requests, self.sites)
+        #: SLOs per request (s); inf where the class has none
+        self.slo_ttft_s = requests["sla_ttft_ms"].fill_null(np.inf).to_numpy() / 1000.0
+        self.slo_tpot_s = requests["sla_tpot_ms"].fill_null(np.inf).to_numpy() / 1000.0
         self.hw = _hardware(self.sites, fleet_seed)
         mdl_idx = {m: i for i, m in enumerate(MODELS)}
         #: pools as (site name, model, gpu type)
@@ -228,14 +231,15 @@ class SiteRuntime:
                     self.rep.coef[r, :] = row
         self._rank_priorities(plan)
         if prewarm:
-            from worldmodel.groundtruth.scaler import start_replica
+            from worldmodel.groundtruth.scaler import log_event, start_replica
 
             for p in range(len(self.pool_keys)):
                 for _ in range(int(self.pools.floor[p])):
                     start_replica(self.rep, self.pools, self.hw, self.logs, p, t)
-            warm = self.rep.state == st.LOADING
-            self.rep.state[warm] = st.WARM
-            self.rep.ready_at[warm] = t
+            for r in np.flatnonzero(self.rep.state == st.LOADING):  # the fleet was running before the window
+                self.rep.state[r] = st.WARM
+                self.rep.ready_at[r] = t
+                log_event(self.logs, t, int(r), st.EV_READY, int(self.rep.gpu0[r]))
         self.plan = plan
 
     def _rank_priorities(self, plan: Plan) -> None:
