@@ -89,8 +89,8 @@ def imposed_plans(base: Plan) -> list[Plan]:
         return base.with_pools(tuple(replace(p, **{k: f(p) for k, f in change.items()}) for p in base.pools))
 
     half = pools(
-        replica_floor=lambda p: max(1, p.replica_ceiling // 2),
-        replica_ceiling=lambda p: max(1, p.replica_ceiling // 2),
+        replica_floor=lambda p: p.replica_floor // 2 if p.replica_floor > 1 else p.replica_floor,
+        replica_ceiling=lambda p: p.replica_floor // 2 if p.replica_floor > 1 else p.replica_floor,
     )
     more = pools(
         replica_floor=lambda p: max(1, math.ceil(1.5 * p.replica_floor)),
@@ -207,13 +207,18 @@ def predict_stream(periods: Iterable[RealizedPeriod], period_s: float, cost_conf
     sm = ServingModel()
     fm = ForwardModel(sm, cost_config)
     cal = SelfCalibrator()
-    rows, price = [], 0.0
+    periods = list(periods)
+    # the realized price of the hour each period starts in (forecast error stays out of this comparison)
+    published = [rp.observations.prices for rp in periods if rp.observations.prices.height]
+    prices = pl.concat(published, how="vertical_relaxed").sort("interval_start") if published else None
+    rows = []
     for rp in periods:
         end = rp.observations.as_of
         start = end - timedelta(seconds=period_s)
-        prices = rp.observations.prices
-        if prices.height:
-            price = float(prices.sort("interval_start")["lmp_usd_mwh"][-1])
+        price = 0.0
+        if prices is not None:
+            hour = prices.filter((pl.col("interval_start") <= start) & (pl.col("interval_end") > start))
+            price = float(hour["lmp_usd_mwh"][-1]) if hour.height else 0.0
         pred = fm.evaluate(snapshot(ws, start), rp.plan, oracle_forecast(rp, period_s, price))
         rows.append({**compare(pred, rp), "plan": rp.plan.label or "logging-policy"})
         obs = rp.observations
