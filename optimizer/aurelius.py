@@ -70,13 +70,18 @@ class AureliusPolicy(Policy):
     mode : "full", "clock-only" (reference plan with the clock varied), "fixed-grid" (generated bundles,
         no adaptive expansion) or "no-deferral" (the reference's batch admission, no deferral LP).
     oracle : True for the oracle arm; `forecast_provider` must then return the realized future.
-    reference : registry name of the reference policy (the strongest per market, e.g. "production-tuned").
+    reference : registry name of the reference policy (the strongest per market, e.g. "production-tuned"): the
+        safe default of the confidence fallback.
+    also_references : registry names of further reference policies run beside it; each period the reference
+        plan with the best predicted score (feasible first) is the Pareto reference and the fallback, and every
+        reference plan is a candidate.
     audit : score the >= 500-plan regret grid after each decision.
     confidence_threshold : forecast confidence (0-1) below which the reference plan is recommended.
     seed : recorded with each decision; the decision itself is deterministic.
     risk_aversion : rho of the objective (0-1), also the price risk weight of the deferral LP.
     horizon_periods : periods forecast for the deferral LP (count).
-    forecast_provider, world_model, reference_policy : injected components (see module docstring).
+    forecast_provider, world_model, reference_policy, also_reference_policies : injected components (see
+        module docstring); the policies take precedence over the names.
     gate_config, search_config : gate and search settings.
     name : the arm's name in results and audit records.
     """
@@ -88,7 +93,8 @@ class AureliusPolicy(Policy):
                  risk_aversion: float = 0.5, horizon_periods: int = 12,
                  forecast_provider: ForecastProvider | None = None, world_model: WorldModelPort | None = None,
                  reference_policy: Policy | None = None, gate_config: GateConfig | None = None,
-                 search_config: SearchConfig | None = None, name: str | None = None) -> None:
+                 search_config: SearchConfig | None = None, name: str | None = None,
+                 also_references: tuple[str, ...] = (), also_reference_policies: tuple[Policy, ...] = ()) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         self.mode = mode
@@ -102,6 +108,8 @@ class AureliusPolicy(Policy):
         self.forecast_provider = forecast_provider
         self.world_model = world_model
         self.reference_policy = reference_policy
+        self.also_references = also_references
+        self.also_reference_policies = also_reference_policies
         self.gate_config = gate_config or GateConfig()
         self.search_config = search_config or _search_config(mode)
         self.name = name or ("oracle" if oracle else "aurelius" if mode == "full" else f"aurelius-{mode}")
@@ -119,10 +127,13 @@ class AureliusPolicy(Policy):
         ref = self.reference_policy or create(self.reference)
         self.reference_policy = ref
         ref_plan = ref.start(ctx, history)
+        if not self.also_reference_policies:
+            self.also_reference_policies = tuple(create(n) for n in self.also_references)
+        others = tuple(r.start(ctx, history) for r in self.also_reference_policies)
         self.forecast_provider.start(ctx, history)
         self.world_model.start(ctx, history)
         self._previous = ref_plan
-        return self._decide(ctx.window_start, 0, ref_plan, time.perf_counter(), time.process_time())
+        return self._decide(ctx.window_start, 0, ref_plan, time.perf_counter(), time.process_time(), others)
 
     def plan(self, obs: Observations) -> Plan:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -133,12 +144,14 @@ class AureliusPolicy(Policy):
         self.forecast_provider.update(obs)
         self.world_model.update(obs)
         ref_plan = self.reference_policy.plan(obs)
-        return self._decide(obs.as_of, obs.period_index, ref_plan, t0, c0)
+        others = tuple(r.plan(obs) for r in self.also_reference_policies)
+        return self._decide(obs.as_of, obs.period_index, ref_plan, t0, c0, others)
 
     def last_decision(self) -> dict[str, Any] | None:
         return self._record
 
-    def _decide(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float) -> Plan:
+    def _decide(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
+                other_refs: tuple[Plan, ...] = ()) -> Plan:
         assert self._ctx is not None and self.forecast_provider is not None and self.world_model is not None
         forecasts = self.forecast_provider.forecast(as_of, self.horizon_periods)
         serving = self.world_model.serving()
@@ -158,14 +171,19 @@ class AureliusPolicy(Policy):
             return memo[k]
 
         reference = replace(score(ref_plan), plan=ref_plan)
+        for other in other_refs:  # the strongest reference plan by prediction (feasible first) is the yardstick
+            s = replace(score(other), plan=other)
+            if (s.feasible, s.score) > (reference.feasible, reference.score):
+                reference = s
         n_grid = grid_size(ref_plan, space)
         result: SearchResult | None = None
         why = confidence_fallback(forecasts[0].confidence, self.confidence_threshold)
         if why is not None:
-            decision = Decision(ref_plan, reference.outcome, True, why, reference.gates)
+            decision = Decision(reference.plan, reference.outcome, True, why, reference.gates)
         else:
-            result = search(self._candidates(as_of, forecasts, ref_plan, space, serving), score, space,
-                            self.search_config, n_grid)
+            cands = self._candidates(as_of, forecasts, ref_plan, space, serving)
+            cands[1:1] = [replace(p, label=f"reference:{p.label}") for p in other_refs]
+            result = search(cands, score, space, self.search_config, n_grid)
             decision = decide(result.ranked, reference, objective, self.gate_config.pareto_tolerance_pp)
         decision_ms = (time.perf_counter() - t0) * 1e3
         decision_cpu_ms = (time.process_time() - c0) * 1e3  # CPU of this process: robust to a shared machine
@@ -179,6 +197,7 @@ class AureliusPolicy(Policy):
             reference=reference, audit=audit, decision_ms=decision_ms,
             extra={"decision_cpu_ms": decision_cpu_ms, "mode": self.mode, "oracle": self.oracle,
                    "reference_policy": self.reference,
+                   "pareto_reference": reference.plan.label,
                    "seed": self.seed, "audit_grid_size": n_grid,
                    "future_price_ratio": objective.future_price_ratio},
         )

@@ -11,7 +11,8 @@
   input and output sizes, realized prices) computed from the replay's `Workload`, flagged oracle in every
   forecast's provenance. Only the `oracle` arm gets it.
 - `build_policy(name, workload, seed)`: reference policies via `optimizer.policy.create`, the aurelius arms
-  with these adapters injected and the strongest reference (`production-tuned`) as the Pareto reference.
+  with these adapters injected, `production-tuned` as the reference and `production` run beside it: each
+  period the better-predicted of the two plans is the Pareto reference (and the fallback).
 
 Deliberate approximations (documented, not hidden):
 
@@ -45,7 +46,7 @@ from worldmodel.selfcal import SelfCalibrator
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import FleetSnapshot, PoolState, snapshot
 from worldmodel.state import WorldState
-from worldmodel.state.calibration import period_residuals, record
+from worldmodel.state.calibration import learn_tails, period_residuals, record
 
 #: The aurelius arms and their constructor settings (optimizer/aurelius.py).
 AURELIUS_ARMS: dict[str, dict[str, Any]] = {
@@ -57,6 +58,9 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
 }
 #: The Pareto reference of the aurelius arms: the strongest reference policy (DESIGN.md).
 DEFAULT_REFERENCE = "production-tuned"
+#: References run beside it: each period the best-predicted reference plan is the Pareto yardstick (which
+#: reference is strongest differs by market: production's higher violation rates can buy it more gp/$).
+DEFAULT_ALSO_REFERENCES: tuple[str, ...] = ("production",)
 #: Waiting deferrable requests' deadlines handed to the forecast (a quantile sample; count).
 DEADLINE_SAMPLE = 24
 
@@ -126,8 +130,10 @@ class WorldStateModel:
         self.state.ingest(batch, ingested_at=obs.as_of)
         start, end = self._last, obs.as_of
         self.state.aggregate_period(start, end)
-        residuals = period_residuals(_InteractiveCompletions(self.state), self._prior, start, end)
+        interactive = _InteractiveCompletions(self.state)
+        residuals = period_residuals(interactive, self._prior, start, end)
         scored, _ = self.cal.observe_frame(residuals, end)
+        learn_tails(interactive, self.cal, start, end)
         record(self.state, self.cal, scored, end)
         self._serving = self._prior.with_corrections(self.cal.corrections())
         self._last = end
@@ -399,7 +405,8 @@ def build_policy(
         (`AURELIUS_ARMS`).
     workload : the replay's `Workload`; needed only by `oracle` (its realized future).
     seed : workload seed, recorded with each decision.
-    reference : the Pareto reference of the aurelius arms (default the strongest, production-tuned).
+    reference : the Pareto reference of the aurelius arms (default the strongest, production-tuned); the
+        `DEFAULT_ALSO_REFERENCES` run beside it unless `also_references` is given.
     period_s : control period (s), for the oracle's realized series.
     window_periods : periods that receive arrivals (`aurelius replay --periods`; None: the whole window).
     kwargs : further `AureliusPolicy` settings (e.g. audit=False).
@@ -416,6 +423,7 @@ def build_policy(
         provider: ForecastingProvider = OracleForecastProvider(workload, period_s, horizon, window_periods)
     else:
         provider = ForecastingProvider(horizon, window_periods=window_periods)
+    kwargs.setdefault("also_references", tuple(r for r in DEFAULT_ALSO_REFERENCES if r != reference))
     return AureliusPolicy(
         name=name,
         reference=reference,

@@ -15,7 +15,10 @@ record it rejects goes through `schemas.decode` (fastjsonschema), which decides 
 Foreign records (no `schema_version`) are mapped with the `--field-map` TOML (`streams.fieldmap`) before
 validation: the source is the `aurelius.source` header if present, else the one configured source of the
 topic's kind whose shape matches (a Prometheus sample by metric name); an ambiguous or unmappable record
-is dead-lettered with the reason.
+is dead-lettered with the reason. Mapped one-metric GPU samples of the same (instant, host, GPU) are
+folded into one record within a micro-batch (`streams.fieldmap.fold_telemetry`'s rule); a sample of a key
+already stored by an earlier batch is a duplicate (counted), so a deployment that forwards DCGM metrics
+one by one should keep a scrape's samples together (one Prometheus remote-write request is one batch).
 """
 
 from __future__ import annotations
@@ -263,6 +266,7 @@ class Pipeline:
         dlq = self.topics.dead_letters.name
         dead: list[Outbound] = []
         rows: dict[str, KindRows] = {}
+        folded: dict[tuple[Any, ...], tuple[int, dict[str, Any]]] = {}
         positions = st.positions
         for msg in records:
             pos = (msg.topic, msg.partition)
@@ -291,6 +295,15 @@ class Pipeline:
             kr = rows.get(kind)
             if kr is None:
                 kr = rows[kind] = KindRows()
+            if value is not msg.value and kind == "gpu_telemetry" and record["gpu"] is not None:
+                # a mapped Prometheus sample carries one metric: fold the samples of one GPU and instant
+                key = (at, record["hostname"], record["gpu"])
+                if key in folded:
+                    i, merged = folded[key]
+                    merged.update((k, v) for k, v in record.items() if v is not None)
+                    kr.values[i] = json.dumps(merged).encode()
+                    continue
+                folded[key] = (len(kr.values), dict(record))
             kr.values.append(value)
             kr.decision_period.append(clock.closed_through + 2 if late else max(index + 1, 1))
             kr.late.append(late)

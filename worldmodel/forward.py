@@ -11,7 +11,8 @@ A queueing approximation with batching, not a per-request simulation. Per pool (
 3. TTFT: prefill as an M/G/c queue (c = replicas, service T_prefill / (1 - decode share)), waiting time by
    the Allen-Cunneen approximation with Sakasegawa's P(wait); an exponential conditional-wait tail gives
    P(TTFT > SLA) and p99; sustained overload and initial backlog by a fluid queue Q(t) = Q0 + (lambda - mu) t;
-4. TPOT tail: lognormal across nodes and requests, CV from self-calibration x the risk band;
+4. TPOT tail: chunked-prefill interference over output lengths with a step spread (CV from self-calibration x
+   the risk band), and at least the tail shape learned from completions (worldmodel/tails.py);
 5. energy: GPU power from busy share, prefill share, batch and clock (ServingModel), idle GPUs of the site at
    idle, x PUE; cost through worldmodel/cost.py at the forecast (or published) price.
 
@@ -40,6 +41,7 @@ from worldmodel.servingmodel import (
     size_cv_from_p90,
 )
 from worldmodel.snapshot import FleetSnapshot
+from worldmodel.tails import empirical_exceed, empirical_quantile, fluid_share, tpot_exceed, tpot_q99
 
 _RHO_MAX = 0.98
 _SCENARIOS = ("point", "lo80", "hi80", "hi95")
@@ -132,7 +134,12 @@ class ForwardModel:
         sm = self.serving_model.with_corrections(snapshot.corrections)
         period_s = forecast.period_s
         pools = [self._static(sm, snapshot, p) for p in plan.pools]
-        results = {s: self._scenario(sm, snapshot, plan, forecast, pools, s) for s in _SCENARIOS}
+        # the upper scenarios also credit no gain to a precision never observed (the risk band of unseen configs)
+        sm_hi = self.serving_model.with_corrections(snapshot.corrections.pessimistic())
+        results = {
+            s: self._scenario(sm_hi if s in ("hi80", "hi95") else sm, snapshot, plan, forecast, pools, s)
+            for s in _SCENARIOS
+        }
         point = results["point"]
         hi = results["hi95"]
         classes = tuple(
@@ -216,7 +223,17 @@ class ForwardModel:
         for d in fc.demand:  # class outcomes in the forecast's order
             load, res, mu, batch_info = served.get(d.model, (_Load(0, 0, 0, 0, 0, 0), [], 0.0, (0.0, 0.0, 0.0)))
             self._class_outcome(
-                out, d, _rate(d, scenario), load, res, mu, T, cvs, batch_info, tails=scenario == "point"
+                out,
+                d,
+                _rate(d, scenario),
+                load,
+                res,
+                mu,
+                T,
+                cvs,
+                batch_info,
+                tails=scenario == "point",
+                learned=snap.corrections.tpot_tail.get(d.request_class, ()),
             )
         for (_site, gpu), n in gpus_used.items():  # every node hosting a replica draws its overhead
             power_w += math.ceil(n / _GPUS_PER_NODE - 1e-9) * sm.node_overhead_w(gpu)
@@ -446,6 +463,7 @@ class ForwardModel:
         cvs: tuple[float, ...],
         batch_info: tuple[float, float, float],
         tails: bool = True,
+        learned: tuple[tuple[float, float], ...] = (),
     ) -> None:
         spec = self.protocol.spec(d.request_class)
         offered = lam * T
@@ -470,18 +488,25 @@ class ForwardModel:
             slo = spec.ttft_slo_ms / 1e3
             q0, growth = r.fluid
             wait_x = max(slo - s_cls, 0.0)
-            f_fluid = _fluid_share(q0, growth, r.mu, wait_x, T)
+            f_fluid = fluid_share(q0, growth, r.mu, wait_x, T)
             size_cv = size_cv_from_p90(d.input_tokens_mean, d.input_tokens_p90)
             p_ttft = lognormal_exceed(s_cls, size_cv, slo) + r.p_wait * math.exp(-wait_x / max(r.theta, 1e-9))
             v_ttft += share * (f_fluid + (1.0 - f_fluid) * min(p_ttft, 1.0))
             out_cv = size_cv_from_p90(d.output_tokens_mean, d.output_tokens_p90)
-            p_tpot = max(_tpot_exceed(r.mixed, cv, d.output_tokens_mean, out_cv, spec.tpot_slo_ms / 1e3) for cv in cvs)
+            slo_tpot = spec.tpot_slo_ms / 1e3
+            p_tpot = max(tpot_exceed(r.mixed, cv, d.output_tokens_mean, out_cv, slo_tpot) for cv in cvs)
+            if learned and r.mixed[0] > 0.0:  # the tail shape learned from completions, around the decode step
+                p_tpot = max(p_tpot, empirical_exceed(learned, slo_tpot / r.mixed[0]))
             v_tpot += share * p_tpot
             wq99 = r.theta * math.log(r.p_wait / 0.01) if r.p_wait > 0.01 else 0.0
             fluid_wait = max(q0 + max(growth, -q0 / T) * T, q0) / r.mu if r.mu > 0 else math.inf
             ttft99 = max(ttft99, (wq99 + s_cls * lognormal_q99_ratio(size_cv) + fluid_wait) * 1e3)
             if tails:  # the p99s are reported from the point scenario only
-                tpot99 = max(tpot99, _tpot_q99(r.mixed, cvs[0], d.output_tokens_mean, out_cv) * 1e3)
+                tpot99 = max(
+                    tpot99,
+                    tpot_q99(r.mixed, cvs[0], d.output_tokens_mean, out_cv) * 1e3,
+                    r.mixed[0] * empirical_quantile(learned, 0.99) * 1e3,
+                )
             served += share * min(offered, r.mu * T)
         viol = min(1.0 - (1.0 - v_ttft) * (1.0 - v_tpot), 1.0)
         out.add(ClassOutcome(d.request_class, offered, served, viol, viol, ttft99, tpot99), offered * (1 - viol))
@@ -505,56 +530,6 @@ class _Scenario:
 
 def _rate(d: ClassDemand, scenario: str) -> float:
     return max(getattr(d.arrivals_per_s, scenario), 0.0)
-
-
-#: standard-normal quantiles of the output-length quadrature (midpoints of 8 equal-probability bins)
-_Z_NODES = (-1.534, -0.887, -0.489, -0.157, 0.157, 0.489, 0.887, 1.534)
-
-
-def _tpot_exceed(mixed: tuple[float, float, float], cv: float, out_mean: float, out_cv: float, x: float) -> float:
-    """P(a request's mean TPOT > x s) under chunked-prefill interference, over lognormal output lengths.
-
-    A request decoding n tokens sees n - 1 iterations; each carries a prefill chunk of compute c with
-    probability q, so its mean TPOT is t + c x Binomial(n - 1, q) / (n - 1) (normal approximation), times a
-    step-time spread of CV ``cv`` (nodes, context).
-    """
-    t, q, c = mixed
-    if t <= 0.0:
-        return 0.0
-    mean = t + q * c
-    s2 = math.log1p(out_cv * out_cv)
-    mu_n = math.log(max(out_mean, 1.0)) - 0.5 * s2
-    total = 0.0
-    for z in _Z_NODES:
-        steps = max(math.exp(mu_n + z * math.sqrt(s2)) - 1.0, 1.0)
-        sd = math.sqrt(q * (1.0 - q) / steps * c * c + (cv * mean) ** 2)
-        total += 0.5 * math.erfc((x - mean) / (sd * math.sqrt(2.0)))
-    return total / len(_Z_NODES)
-
-
-def _tpot_q99(mixed: tuple[float, float, float], cv: float, out_mean: float, out_cv: float) -> float:
-    """99th percentile of requests' mean TPOT (s) under :func:`_tpot_exceed`, by bisection."""
-    t, q, c = mixed
-    lo, hi = t, t + c + 4.0 * cv * (t + c)
-    for _ in range(12):
-        mid = 0.5 * (lo + hi)
-        if _tpot_exceed(mixed, cv, out_mean, out_cv, mid) > 0.01:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-def _fluid_share(q0: float, growth: float, mu: float, wait_s: float, T: float) -> float:
-    """Share of the period's arrivals whose fluid queueing delay Q(t)/mu exceeds wait_s (0-1)."""
-    if mu <= 0.0:
-        return 1.0
-    x = mu * wait_s - q0  # backlog growth needed before waits exceed wait_s
-    if growth > 0.0:
-        return min(max(1.0 - x / (growth * T), 0.0), 1.0)
-    if growth < 0.0:
-        return min(max(-x / (-growth * T), 0.0), 1.0)
-    return 1.0 if x < 0.0 else 0.0
 
 
 def _urgent_share(deadlines_s: tuple[float, ...], T: float) -> float:

@@ -27,6 +27,50 @@ import polars as pl
 from worldmodel.servingmodel import Corrections
 
 ANY = "*"
+#: Default share (log terms) of the roofline's precision gain credited to a precision never observed (0-1):
+#: halfway between "no gain" and "the full byte/FLOP halving" until the fleet has run it.
+PRECISION_CREDIT = 0.5
+#: Completions of a class a period needs before its TPOT quantiles update the learned tail (count).
+TAIL_MIN_REQUESTS = 200
+#: Quantile levels of the learned per-request TPOT tail (0-1).
+TAIL_LEVELS: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999)
+#: Separator of the precision in a decode/prefill track's model field ("llama-3.1-8b@fp8").
+PRECISION_SEP = "@"
+
+
+def model_key(model: str, precision: str | None) -> str:
+    """The model field of a decode/prefill track: the model and its precision."""
+    return f"{model}{PRECISION_SEP}{precision}" if precision else model
+
+
+def split_model_key(key: str) -> tuple[str, ...]:
+    """(model, precision) of a track's model field, or (model,) for a key without a precision."""
+    return tuple(key.split(PRECISION_SEP, 1)) if PRECISION_SEP in key else (key,)
+
+
+@dataclass
+class TailShape:
+    """EWMA over periods of per-request TPOT / replica-median TPOT quantiles of one class.
+
+    levels : quantile levels (0-1); alpha : weight of the newest period (0-1); ratios : current estimate
+    (ratio, non-decreasing); n : periods learned (count).
+    """
+
+    levels: tuple[float, ...]
+    alpha: float
+    ratios: list[float] = field(default_factory=list)
+    n: int = 0
+
+    def update(self, ratios: tuple[float, ...]) -> None:
+        a = max(self.alpha, 1.0 / (self.n + 1.0))
+        new = [max(float(r), 0.0) for r in ratios]
+        self.ratios = new if not self.ratios else [(1 - a) * o + a * x for o, x in zip(self.ratios, new, strict=True)]
+        for i in range(1, len(self.ratios)):  # keep quantiles ordered
+            self.ratios[i] = max(self.ratios[i], self.ratios[i - 1])
+        self.n += 1
+
+    def table(self) -> tuple[tuple[float, float], ...]:
+        return tuple(zip(self.levels, self.ratios, strict=True))
 
 
 class Quantity(StrEnum):
@@ -34,6 +78,7 @@ class Quantity(StrEnum):
     PREFILL = "prefill"
     POWER = "power"
     SLA = "sla"
+    TPOT_TAIL = "tpot_tail"  # learned tail shape rows of calibration_state (not a residual)
 
 
 @dataclass
@@ -135,6 +180,9 @@ class SelfCalibrator:
     k, h : CUSUM reference value and decision interval (standard deviations).
     band_memory : samples an alarm keeps the risk band widened (count).
     band_gain : band widening per unit of standardized shift (capped at 1, so the band stays in [1, 2]).
+    precision_credit : share of the roofline's precision gain credited to a precision not yet observed on its
+        (gpu, model) (0-1, log terms; see `Corrections`).
+    tail_alpha : weight of the newest period in the learned TPOT tail shape (0-1).
     """
 
     fast_alpha: float = 0.1
@@ -145,7 +193,10 @@ class SelfCalibrator:
     h: float = 10.0
     band_memory: int = 200
     band_gain: float = 0.25
+    precision_credit: float = PRECISION_CREDIT
+    tail_alpha: float = 0.3
     tracks: dict[tuple[str, str, str, str], Track] = field(default_factory=dict)
+    tails: dict[str, TailShape] = field(default_factory=dict)
 
     def _track(self, key: tuple[str, str, str, str]) -> Track:
         t = self.tracks.get(key)
@@ -249,14 +300,30 @@ class SelfCalibrator:
             if q == Quantity.DECODE and t.samples > self.warmup
         ]
         for q, g, _, m in self.tracks:
-            if q == Quantity.DECODE:
-                decode[(g, m)] = self.factor(q, g, m)
-            elif q == Quantity.PREFILL:
-                prefill[(g, m)] = self.factor(q, g, m)
+            if q in (Quantity.DECODE, Quantity.PREFILL):
+                (decode if q == Quantity.DECODE else prefill)[(g, *split_model_key(m))] = self.factor(q, g, m)
             elif q == Quantity.POWER:
                 power[g] = self.factor(q, g, ANY)
         cv = max(step_cv_prior, max(spread, default=0.0))
-        return Corrections(decode=decode, prefill=prefill, power=power, step_cv=cv)
+        tails = {c: t.table() for c, t in self.tails.items() if t.n > 0}
+        return Corrections(
+            decode=decode,
+            prefill=prefill,
+            power=power,
+            step_cv=cv,
+            precision_credit=self.precision_credit,
+            tpot_tail=tails,
+        )
+
+    def observe_tail(
+        self, request_class: str, levels: tuple[float, ...], ratios: tuple[float, ...], count: int
+    ) -> None:
+        """Learn one period's per-request TPOT / replica-median TPOT quantiles of a class (ratios at `levels`,
+        from `count` requests); periods with fewer than `TAIL_MIN_REQUESTS` requests are skipped."""
+        if count < TAIL_MIN_REQUESTS or len(levels) != len(ratios):
+            return
+        t = self.tails.setdefault(request_class, TailShape(levels, self.tail_alpha))
+        t.update(ratios)
 
     def state_frame(self, at: datetime) -> pl.DataFrame:
         """The tracks as rows of the ``calibration_state`` table."""
@@ -281,6 +348,28 @@ class SelfCalibrator:
             }
             for k, t in self.tracks.items()
         ]
+        rows += [  # the learned TPOT tails: one row per (class, quantile level); factor = the ratio
+            {
+                "quantity": str(Quantity.TPOT_TAIL),
+                "gpu_type": ANY,
+                "node": f"{lvl:.4f}",
+                "model": c,
+                "factor": r,
+                "n": float(t.n),
+                "resid_mean": t.alpha,
+                "resid_var": 0.0,
+                "base_mean": 0.0,
+                "base_var": 0.0,
+                "base_n": 0.0,
+                "cusum_pos": 0.0,
+                "cusum_neg": 0.0,
+                "alarms": 0,
+                "last_alarm_at": None,
+                "updated_at": at,
+            }
+            for c, t in self.tails.items()
+            for lvl, r in t.table()
+        ]
         return pl.DataFrame(rows, schema=_STATE_SCHEMA)
 
     @classmethod
@@ -288,6 +377,12 @@ class SelfCalibrator:
         """Rebuild a calibrator from ``calibration_state`` rows (the inverse of :meth:`state_frame`)."""
         cal = cls(**config)  # type: ignore[arg-type]
         for r in frame.iter_rows(named=True):
+            if r["quantity"] == Quantity.TPOT_TAIL:
+                tail = cal.tails.setdefault(r["model"], TailShape((), cal.tail_alpha))
+                tail.levels = (*tail.levels, float(r["node"]))
+                tail.ratios.append(float(r["factor"]))
+                tail.n = int(r["n"])
+                continue
             t = cal._track((r["quantity"], r["gpu_type"], r["node"], r["model"]))
             t.samples = int(r["n"])
             t.fast.n, t.fast.mean, t.fast.var = (
@@ -298,6 +393,9 @@ class SelfCalibrator:
             t.base.n, t.base.mean, t.base.var = r["base_n"], r["base_mean"], r["base_var"]
             t.cusum.pos, t.cusum.neg, t.cusum.alarms = r["cusum_pos"], r["cusum_neg"], int(r["alarms"])
             t.last_alarm_at = r["last_alarm_at"]
+        for tail in cal.tails.values():  # rows come in any order: sort each tail by its levels
+            pairs = sorted(zip(tail.levels, tail.ratios, strict=True))
+            tail.levels, tail.ratios = tuple(p[0] for p in pairs), [p[1] for p in pairs]
         return cal
 
 

@@ -14,7 +14,8 @@ at small batch is ~2.2x the pure bandwidth roofline (AIConfigurator rows), which
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from worldmodel.fleet import SM_CLOCK_RANGE_MHZ, GpuType
 from worldmodel.provenance import Provenance
@@ -108,15 +109,26 @@ class Priors:
 class Corrections:
     """Multiplicative correction factors fitted from observations (1.0 = the prior).
 
-    decode, prefill : observed / predicted step time per (gpu, model); power : observed / predicted dynamic
-    (above idle) GPU power per gpu; step_cv : coefficient of variation of step time across nodes and
-    requests (from residuals).
+    decode, prefill : observed / predicted step time per (gpu, model, precision) (a 2-tuple (gpu, model) key
+        applies to every precision of the pair); power : observed / predicted dynamic (above idle) GPU power
+        per gpu; step_cv : coefficient of variation of step time across nodes and requests (from residuals).
+    precision_credit : share (0-1, in log terms) of the roofline's precision gain (fp8: half the weight and KV
+        bytes, twice the peak FLOP/s) credited to a precision never observed on its (gpu, model): 1 trusts the
+        roofline, 0 assumes no gain over the observed precision. An observed precision uses its own factor.
+    tpot_tail : per request class, the learned shape of per-request TPOT: ((quantile level 0-1, TPOT / the
+        replica's median TPOT), ...) from completions (empty = the parametric tail only).
     """
 
-    decode: dict[tuple[str, str], float] = field(default_factory=dict)
-    prefill: dict[tuple[str, str], float] = field(default_factory=dict)
+    decode: dict[tuple[str, ...], float] = field(default_factory=dict)
+    prefill: dict[tuple[str, ...], float] = field(default_factory=dict)
     power: dict[str, float] = field(default_factory=dict)
     step_cv: float = 0.10
+    precision_credit: float = 1.0
+    tpot_tail: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+
+    def pessimistic(self) -> Corrections:
+        """The same factors crediting no gain to an unobserved precision (the risk scenarios)."""
+        return replace(self, precision_credit=0.0)
 
 
 @dataclass(frozen=True)
@@ -188,7 +200,7 @@ class ServingModel:
         flops = 2.0 * m.params * b / cfg.tp + 4.0 * b * context_tokens * m.layers * m.hidden / cfg.tp
         cmp_s = flops / (self._peak_flops(cfg) * clock * p.prefill_compute_eff)
         step = max(mem_s, cmp_s) + self._comm_s(cfg, b)
-        return step * self.corrections.decode.get((cfg.gpu, cfg.model), 1.0)
+        return step * self._factor(self.corrections.decode, cfg, _decode_gain)
 
     def prefill_s(self, cfg: PoolConfig, tokens: float) -> float:
         """Time to prefill `tokens` new prompt tokens of one request (s), compute-bound.
@@ -204,7 +216,21 @@ class ServingModel:
         cmp_s = flops / (self._peak_flops(cfg) * self._clock_ratio(cfg) * p.prefill_compute_eff)
         mem_s = m.params * BYTES_PER_PARAM[cfg.precision] / cfg.tp / g.hbm_bytes_s
         step = max(cmp_s, mem_s) + self._comm_s(cfg, n) + p.step_overhead_s
-        return step * self.corrections.prefill.get((cfg.gpu, cfg.model), 1.0)
+        return step * self._factor(self.corrections.prefill, cfg, _prefill_gain)
+
+    def _factor(self, table: dict[tuple[str, ...], float], cfg: PoolConfig, gain: GainFn) -> float:
+        """Correction of a step time for `cfg` (ratio): its own precision's fitted factor when observed;
+        else another observed precision's factor moved by the uncredited part of the roofline's precision gain
+        (gain ratio^(1 - precision_credit)); else the (gpu, model) factor, or 1, from bf16 the same way."""
+        own = table.get((cfg.gpu, cfg.model, cfg.precision))
+        if own is not None:
+            return own
+        keep = 1.0 - min(max(self.corrections.precision_credit, 0.0), 1.0)
+        seen = sorted((k[2], v) for k, v in table.items() if len(k) == 3 and k[:2] == (cfg.gpu, cfg.model))
+        base, ref = (seen[0][1], seen[0][0]) if seen else (table.get((cfg.gpu, cfg.model), 1.0), "bf16")
+        if keep == 0.0 or ref == cfg.precision:
+            return base
+        return base * (gain(cfg.gpu, cfg.precision) / gain(cfg.gpu, ref)) ** keep
 
     def kv_capacity_tokens(self, cfg: PoolConfig) -> float:
         """KV-cache capacity of one replica (tokens) after weights, at the usable HBM share."""
@@ -261,6 +287,20 @@ class ServingModel:
     def activity_from_util(self, gpu_util_pct: float) -> float:
         """Activity implied by DCGM_FI_DEV_GPU_UTIL (% 0-100), for fitting power against telemetry."""
         return min(max(gpu_util_pct, 0.0), 100.0) / 100.0 * self.priors.decode_activity
+
+
+GainFn = Callable[[str, str], float]
+
+
+def _decode_gain(gpu: str, precision: str) -> float:
+    """Roofline decode speed-up of a precision over bf16 (ratio): bytes per weight and KV value."""
+    return BYTES_PER_PARAM["bf16"] / BYTES_PER_PARAM[precision]
+
+
+def _prefill_gain(gpu: str, precision: str) -> float:
+    """Roofline prefill speed-up of a precision over bf16 (ratio): peak dense FLOP/s."""
+    g = GPU_SPECS[gpu]
+    return g.fp8_flops / g.bf16_flops if precision == "fp8" and g.fp8_flops > 0 else 1.0
 
 
 def clock_or_max(gpu: str, sm_clock_mhz: float | None) -> float:

@@ -93,11 +93,11 @@ def site_pools(
     """Pools for both models on every GPU type of the site, preferred type first.
 
     Each model's floor (replicas) goes on its preferred GPU type as far as that type's free GPUs allow and
-    spills onto the next type; the big model is placed first. Ceilings are the whole inventory per type.
+    spills onto the next type; the small model (tightest TPOT SLO) is placed first. Ceilings are the whole inventory per type.
     """
     free = {g.gpu: site.gpus(g.gpu) for g in site.groups}
     placed: dict[tuple[str, str], int] = {}
-    for model in sorted(PREFERRED_GPU, key=lambda m: -max(DEFAULT_TP[(m, g)] for g in free)):
+    for model in PREFERRED_GPU:  # the latency-tight small model first: its TPOT SLO needs the fast GPUs
         left = floors.get(model, 1)
         for gpu in (g for g in PREFERRED_GPU[model] if free.get(GpuType(g), 0) > 0):
             tp = DEFAULT_TP[(model, GpuType(gpu))]

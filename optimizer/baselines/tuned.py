@@ -1,9 +1,12 @@
 """`production-tuned`: the best single static configuration chosen on the 7 days before the window, plus a
 price rule (the "best fixed" reference of the Koi paper, DESIGN.md).
 
-The configuration (precision where allowed, batch cap, SM clock) is chosen once, at start, by scoring every
-candidate with the operator's forward model over periods sampled from the history aggregates: highest
-SLA-met per dollar among configurations whose predicted violation rate stays within 0.1 pp of the as-deployed
+The configuration (precision where allowed, batch cap, SM clock) is the one that did best on the week before
+the window: the replay harness measures candidate configurations on a past window of the same site
+(worldmodel/groundtruth/tuning.py) and passes the winner as `config`, as an operator tunes on its own past
+traffic. Without `config` (e.g. inside the optimizer, which has no simulator) it is chosen by scoring every
+candidate with the operator's forward model over periods sampled from the history aggregates. Either way:
+highest SLA-met per dollar among configurations whose violation rate stays within 0.1 pp of the as-deployed
 configuration's in every class. The autoscaler, routing and ordering stay as deployed. Price rule: hold
 deferrable work while the latest known price exceeds the past week's 90th percentile.
 """
@@ -36,12 +39,20 @@ SLA_SLACK = 0.001  # 0.1 pp
 class TunedProductionPolicy(Policy):
     """Best static configuration on the past week + defer batch work above the past week's price p90.
 
-    sample_every_h : hours between history periods scored (h); price_quantile : the price rule's quantile.
+    config : (precision, max batch, clock share of max) measured best on the past week, or None to choose
+    it with the forward model; sample_every_h : hours between history periods scored (h);
+    price_quantile : the price rule's quantile.
     """
 
     name = "production-tuned"
 
-    def __init__(self, sample_every_h: float = 4.0, price_quantile: float = 0.9) -> None:
+    def __init__(
+        self,
+        config: tuple[str, int, float] | None = None,
+        sample_every_h: float = 4.0,
+        price_quantile: float = 0.9,
+    ) -> None:
+        self.config = config
         self.sample_every_h = sample_every_h
         self.price_quantile = price_quantile
         self._base: Plan | None = None
@@ -54,7 +65,7 @@ class TunedProductionPolicy(Policy):
         deployed = ProductionPolicy()
         first = deployed.start(ctx, history)
         steady = deployed.plan(None)  # type: ignore[arg-type]  # as-deployed plan ignores observations
-        config = self._choose(ctx, history, steady)
+        config = self.config or self._choose(ctx, history, steady)
         self._base = _configure(first, config)
         self._steady = replace(_configure(steady, config), label=f"production-tuned: {config}")
         self._prices = history.prices.select("interval_start", "lmp_usd_mwh", "published_at")

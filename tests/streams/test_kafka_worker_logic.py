@@ -119,3 +119,47 @@ def test_equivalence_hook_replays_an_observation_directory(tmp_path, records):
     # period k is (k * 60 s, (k + 1) * 60 s]: decision 1 sees r0 (at the origin: history) and r1..r3 (r3 at
     # 60 s ends period 0); r4 at 80 s puts the watermark at 75 s, closing period 0; r7 closes period 1
     assert [d["observed"].get("request_arrival", 0) for d in out] == [0, 4, 3]
+
+
+def test_foreign_records_are_mapped_before_validation(tmp_path):
+    """--field-map: DCGM samples (folded per GPU and instant), an OTel GenAI span and a gridstatus row on the
+    input topics become schema records in the world model; an ambiguous or unmappable one is dead-lettered."""
+    from streams.fieldmap import FieldMap
+    from tests.streams.test_fieldmap import dcgm, otel_span, pjm_row
+
+    topics = Topics(prefix="x.")
+    ing = DuckDBIngestor.open(":memory:")
+    pipe = Pipeline(topics, ing.load_state(), period_s=60, allowed_lateness_s=5, field_map=FieldMap.load())
+    sent: list[Outbound] = []
+
+    async def send(o: Outbound) -> None:
+        sent.append(o)
+
+    worker = Worker(pipe, ing, lambda origin: CountingDecider(), MemorySink(), send)
+    hour = {"Time": "2023-07-01T08:00:00-04:00", "Interval Start": "2023-07-01T08:00:00-04:00",
+            "Interval End": "2023-07-01T09:00:00-04:00"}  # published 13:00Z, the DCGM samples' instant
+    row = {k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in pjm_row().items()} | hour
+    ercot_like = {k: v for k, v in row.items() if k != "Location Id"} | {"Location": "HB_NORTH"}
+    tel, comp, price = (topics.for_kind(k).name for k in ("gpu_telemetry", "request_completion", "price"))
+    msgs = [
+        Inbound(tel, 0, 0, json.dumps(dcgm("DCGM_FI_DEV_POWER_USAGE", "512.25")).encode()),
+        Inbound(tel, 0, 1, json.dumps(dcgm("DCGM_FI_DEV_SM_CLOCK", "1980")).encode()),
+        Inbound(tel, 0, 2, json.dumps(dcgm("DCGM_FI_DEV_NO_SUCH_METRIC", "1")).encode()),
+        Inbound(comp, 0, 0, json.dumps(otel_span()).encode()),
+        Inbound(price, 0, 0, json.dumps(row).encode(), (("aurelius.source", b"gridstatus_pjm"),)),
+        Inbound(price, 0, 1, json.dumps(ercot_like).encode()),  # ERCOT and CAISO both fit: no header, no guess
+    ]
+    asyncio.run(worker.handle(msgs))
+    c = ing.load_state().counts
+    assert (c["records_in"], c["processed"], c["dead_letters"]) == (6, 4, 2)
+    reasons = sorted(json.loads(o.value)["reason"] for o in sent if o.topic == topics.dead_letters.name)
+    assert "gpu-telemetry: no configured source fits" in reasons[0]  # an unknown metric
+    assert "prices: sources ['gridstatus_ercot', 'gridstatus_caiso'] all fit" in reasons[1]
+    assert all("aurelius.source" in r for r in reasons)
+    t = ing.world.frame("SELECT hostname, gpu, DCGM_FI_DEV_POWER_USAGE AS w, DCGM_FI_DEV_SM_CLOCK AS mhz "
+                        "FROM gpu_telemetry")
+    assert t.rows() == [("node-01", 3, 512.25, 1980.0)]  # two samples, one record
+    done = ing.world.frame("SELECT request_id, output_tokens FROM request_completion")
+    assert done.rows() == [("chatcmpl-8f2a", 201)]
+    p = ing.world.frame("SELECT market, location, lmp_usd_mwh FROM price")
+    assert p.rows() == [("PJM", "51217", 87.31)]

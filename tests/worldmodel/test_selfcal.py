@@ -1,17 +1,18 @@
 """Self-calibration: CUSUM detects drift and not noise, correction reduces error, state round-trips."""
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
 
-from worldmodel.selfcal import Cusum, EwmaStat, Quantity, SelfCalibrator
-from worldmodel.servingmodel import PoolConfig, ServingModel
+from worldmodel.selfcal import TAIL_LEVELS, Cusum, EwmaStat, Quantity, SelfCalibrator, model_key
+from worldmodel.servingmodel import Corrections, PoolConfig, ServingModel
 from worldmodel.snapshot import snapshot
 from worldmodel.state import WorldState
 from worldmodel.state import synthetic as syn
-from worldmodel.state.calibration import period_residuals, record
+from worldmodel.state.calibration import learn_tails, period_residuals, record
 
 T0 = datetime(2023, 7, 1, tzinfo=UTC)
 NOISE = 0.03  # per-sample log noise of observed step time
@@ -107,6 +108,53 @@ def test_residuals_and_state_round_trip():
     record(ws, cal, scored, end)
     assert ws.digest() != before
     snap = snapshot(ws, end)
-    decode = cal.factor(Quantity.DECODE, "H100", "llama-3.1-70b")
-    assert snap.corrections.decode[("H100", "llama-3.1-70b")] == pytest.approx(decode)
+    key = model_key("llama-3.1-70b", "bf16")  # decode/prefill tracks are kept per precision
+    decode = cal.factor(Quantity.DECODE, "H100", key)
+    assert snap.corrections.decode[("H100", "llama-3.1-70b", "bf16")] == pytest.approx(decode)
     assert snap.risk_band == 1.0
+    # the TPOT tail shape learned from the completions survives the state round trip
+    learn_tails(ws, cal, T0, end)
+    record(ws, cal, scored, end)
+    tail = snapshot(ws, end).corrections.tpot_tail
+    assert set(tail) == set(cal.corrections().tpot_tail) and tail
+    for c, table in tail.items():
+        assert [lv for lv, _ in table] == list(TAIL_LEVELS)
+        assert [r for _, r in table] == pytest.approx([r for _, r in cal.corrections().tpot_tail[c]])
+
+
+def test_unobserved_precision_gets_a_partial_credit_and_observed_its_own_factor():
+    cfg8 = PoolConfig("H100", "llama-3.1-8b", 1, "fp8", 1980)
+    cfg16 = replace(cfg8, precision="bf16")
+    roof = ServingModel()  # no corrections: the full roofline gain (what an uncalibrated model assumes)
+    gain = roof.decode_step_s(cfg16, 8, 1500) / roof.decode_step_s(cfg8, 8, 1500)
+    half = ServingModel(corrections=Corrections(precision_credit=0.5))
+    assert half.decode_step_s(cfg16, 8, 1500) / half.decode_step_s(cfg8, 8, 1500) == pytest.approx(gain**0.5)
+    none = ServingModel(corrections=Corrections().pessimistic())
+    assert none.decode_step_s(cfg8, 8, 1500) == pytest.approx(none.decode_step_s(cfg16, 8, 1500))
+    # bf16 observed 1.2x its roofline; fp8 then observed at 0.9 of bf16's true speed: both used as measured
+    seen = Corrections(decode={("H100", "llama-3.1-8b", "bf16"): 1.2}, precision_credit=0.5)
+    sm = ServingModel(corrections=seen)
+    assert sm.decode_step_s(cfg16, 8, 1500) == pytest.approx(1.2 * roof.decode_step_s(cfg16, 8, 1500))
+    assert sm.decode_step_s(cfg8, 8, 1500) == pytest.approx(1.2 * roof.decode_step_s(cfg16, 8, 1500) / gain**0.5)
+    both = Corrections(decode={("H100", "llama-3.1-8b", "bf16"): 1.2, ("H100", "llama-3.1-8b", "fp8"): 2.0})
+    sm = ServingModel(corrections=both)
+    assert sm.decode_step_s(cfg8, 8, 1500) == pytest.approx(2.0 * roof.decode_step_s(cfg8, 8, 1500))
+
+
+def test_residual_tracks_are_keyed_by_precision():
+    cal = SelfCalibrator()
+    for _ in range(5):
+        cal.observe(Quantity.DECODE, "H100", "n1", model_key("llama-3.1-8b", "fp8"), 0.01, 0.018, T0)
+        cal.observe(Quantity.DECODE, "H100", "n1", model_key("llama-3.1-8b", "bf16"), 0.02, 0.02, T0)
+    dec = cal.corrections().decode
+    assert dec[("H100", "llama-3.1-8b", "fp8")] == pytest.approx(1.8)
+    assert dec[("H100", "llama-3.1-8b", "bf16")] == pytest.approx(1.0)
+
+
+def test_learned_tail_skips_small_periods_and_tracks_the_shape():
+    cal = SelfCalibrator()
+    cal.observe_tail("code", TAIL_LEVELS, tuple(1.0 + i for i in range(len(TAIL_LEVELS))), 10)
+    assert not cal.corrections().tpot_tail  # too few completions
+    ratios = tuple(1.0 + 0.5 * i for i in range(len(TAIL_LEVELS)))
+    cal.observe_tail("code", TAIL_LEVELS, ratios, 1000)
+    assert cal.corrections().tpot_tail["code"] == tuple(zip(TAIL_LEVELS, ratios, strict=True))

@@ -29,13 +29,15 @@ import polars as pl
 from tqdm import tqdm
 
 from optimizer.decision_record import decision_id
-from optimizer.wiring import build_policy
+from optimizer.policy import create
+from optimizer.wiring import AURELIUS_ARMS, build_policy
 from streams.workload.builder import Workload, build_workload
 from streams.workload.residency import assign_residency
 from worldmodel.fleet import default_fleet
 from worldmodel.groundtruth.metrics import PROVENANCE, per_period, request_outcomes, summarize
 from worldmodel.groundtruth.replay import RunResult, run_replay
 from worldmodel.groundtruth.runtime import Physics
+from worldmodel.groundtruth.tuning import tune_static
 
 HEADLINE = (
     "offered",
@@ -166,9 +168,15 @@ def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
     w = wl.window
     window = {"start": w.start.isoformat(), "end": w.end.isoformat(), "mean_price_usd_mwh": w.mean_price_usd_mwh,
               "rule": w.rule, "year": job.year}  # fmt: skip
+    tuning = None
+    if "production-tuned" in job.policies or any(p in AURELIUS_ARMS for p in job.policies):
+        tuning = tune_static(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
+                             period_minutes=args.period_minutes)  # fmt: skip
+        window["production_tuned"] = {"config": tuning.config, "tuned_on": tuning.window_start.isoformat(),
+                                      "candidates": tuning.table}  # fmt: skip
     outcomes = []
     for name in job.policies:
-        res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites)
+        res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config)
         summary = summarize(res)
         summary["seed"] = job.seed
         summary.update(_decision_stats(res))
@@ -194,8 +202,16 @@ def _one(
     key: str,
     seed: int,
     all_sites: bool,
+    tuned: tuple[str, int, float] | None,
 ) -> RunResult:
-    policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0, window_periods=args.periods)
+    """One replay; production-tuned (and the aurelius arms' Pareto reference) run the configuration measured
+    best on the week before (`tuned`)."""
+    if name == "production-tuned":
+        policy = create(name, config=tuned)
+    else:
+        extra = {"reference_policy": create("production-tuned", config=tuned)} if name in AURELIUS_ARMS else {}
+        policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0, window_periods=args.periods,
+                              **extra)  # fmt: skip
     bar = tqdm(desc=f"{key} {name} seed {seed}", unit="period", disable=args.no_progress, leave=False)
     try:
         return run_replay(

@@ -11,7 +11,7 @@ from datetime import datetime
 
 import polars as pl
 
-from worldmodel.selfcal import ANY, Quantity, SelfCalibrator
+from worldmodel.selfcal import ANY, TAIL_LEVELS, Quantity, SelfCalibrator, model_key
 from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max
 from worldmodel.state.store import REPLICA_STATE_SQL, WorldState
 
@@ -73,7 +73,7 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
                 Quantity.DECODE,
                 cfg.gpu,
                 r["node"],
-                cfg.model,
+                model_key(cfg.model, cfg.precision),
                 prior.decode_step_s(cfg, float(r["running"]), float(r["ctx"])),
                 float(r["tpot_s"]),
             )
@@ -89,7 +89,7 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
                     Quantity.PREFILL,
                     cfg.gpu,
                     r["node"],
-                    cfg.model,
+                    model_key(cfg.model, cfg.precision),
                     prior.prefill_s(cfg, new10) + chunks * step,
                     float(r["ttft10_s"]),
                 )
@@ -100,6 +100,42 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
         pred = prior.dynamic_power_w(gpu, clock_or_max(gpu, r["clock"]), prior.activity_from_util(r["util"] or 0.0))
         rows.append((Quantity.POWER, gpu, r["node"], ANY, pred, float(r["power_w"]) - prior.idle_power_w(gpu)))
     return pl.DataFrame(rows, schema=["quantity", "gpu_type", "node", "model", "predicted", "observed"], orient="row")
+
+
+_TAIL_SQL = """
+WITH c AS (SELECT request_class, tpot_s / nullif(median(tpot_s) OVER (PARTITION BY replica_id), 0) AS ratio
+           FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
+             AND output_tokens > 1 AND tpot_s IS NOT NULL)
+SELECT request_class, count(*) AS n, quantile_cont(ratio, $levels) AS q FROM c WHERE ratio IS NOT NULL GROUP BY 1
+"""
+
+
+def tpot_tail_quantiles(
+    state: WorldState, start: datetime, end: datetime, levels: tuple[float, ...] = TAIL_LEVELS
+) -> dict[str, tuple[tuple[float, ...], int]]:
+    """Per class, quantiles of per-request TPOT / its replica's median TPOT over one period, and the count.
+
+    The replica's median TPOT is what the decode correction fits (see :func:`period_residuals`), so the ratio
+    is the tail shape around the calibrated step time: chunked-prefill stalls of short outputs, node spread.
+
+    Parameters
+    ----------
+    state : the world-model state (read only).
+    start, end : the period (UTC); completions that arrived by `end`.
+    levels : quantile levels (0-1).
+
+    Returns
+    -------
+    class -> (ratios at `levels` (ratio), completions counted (count)).
+    """
+    frame = state.frame(_TAIL_SQL, {"s": start, "as_of": end, "levels": list(levels)})
+    return {r["request_class"]: (tuple(float(x) for x in r["q"]), int(r["n"])) for r in frame.iter_rows(named=True)}
+
+
+def learn_tails(state: WorldState, cal: SelfCalibrator, start: datetime, end: datetime) -> None:
+    """Feed one period's TPOT tail quantiles per class into the calibrator (see :func:`tpot_tail_quantiles`)."""
+    for c, (ratios, n) in tpot_tail_quantiles(state, start, end).items():
+        cal.observe_tail(c, TAIL_LEVELS, ratios, n)
 
 
 def record(state: WorldState, cal: SelfCalibrator, residuals: pl.DataFrame, at: datetime) -> None:

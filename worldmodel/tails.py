@@ -1,0 +1,100 @@
+"""Tail probabilities of the forward model: per-request TPOT under chunked-prefill interference, the learned
+(empirical) TPOT tail shape, and the fluid queue's share of late requests.
+
+The parametric TPOT tail (:func:`tpot_exceed`) follows from the decode step, the share of iterations carrying a
+prefill chunk and the output-length distribution; the empirical one (:func:`empirical_exceed`) is the shape
+self-calibration learned from completions (per-request TPOT / the replica's median TPOT, per class), so tails
+the parametric form misses (short outputs stalled by several chunks, node spread) are predicted once observed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+#: standard-normal quantiles of the output-length quadrature (midpoints of 8 equal-probability bins)
+_Z_NODES = (-1.534, -0.887, -0.489, -0.157, 0.157, 0.489, 0.887, 1.534)
+
+
+def tpot_exceed(mixed: tuple[float, float, float], cv: float, out_mean: float, out_cv: float, x: float) -> float:
+    """P(a request's mean TPOT > x s) under chunked-prefill interference, over lognormal output lengths.
+
+    A request decoding n tokens sees n - 1 iterations; each carries a prefill chunk of compute c with
+    probability q, so its mean TPOT is t + c x Binomial(n - 1, q) / (n - 1) (normal approximation), times a
+    step-time spread of CV ``cv`` (nodes, context).
+    """
+    t, q, c = mixed
+    if t <= 0.0:
+        return 0.0
+    mean = t + q * c
+    s2 = math.log1p(out_cv * out_cv)
+    mu_n = math.log(max(out_mean, 1.0)) - 0.5 * s2
+    total = 0.0
+    for z in _Z_NODES:
+        steps = max(math.exp(mu_n + z * math.sqrt(s2)) - 1.0, 1.0)
+        sd = math.sqrt(q * (1.0 - q) / steps * c * c + (cv * mean) ** 2)
+        total += 0.5 * math.erfc((x - mean) / (sd * math.sqrt(2.0)))
+    return total / len(_Z_NODES)
+
+
+def tpot_q99(mixed: tuple[float, float, float], cv: float, out_mean: float, out_cv: float) -> float:
+    """99th percentile of requests' mean TPOT (s) under :func:`tpot_exceed`, by bisection."""
+    t, q, c = mixed
+    lo, hi = t, t + c + 4.0 * cv * (t + c)
+    for _ in range(12):
+        mid = 0.5 * (lo + hi)
+        if tpot_exceed(mixed, cv, out_mean, out_cv, mid) > 0.01:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def fluid_share(q0: float, growth: float, mu: float, wait_s: float, T: float) -> float:
+    """Share of the period's arrivals whose fluid queueing delay Q(t)/mu exceeds wait_s (0-1)."""
+    if mu <= 0.0:
+        return 1.0
+    x = mu * wait_s - q0  # backlog growth needed before waits exceed wait_s
+    if growth > 0.0:
+        return min(max(1.0 - x / (growth * T), 0.0), 1.0)
+    if growth < 0.0:
+        return min(max(-x / (-growth * T), 0.0), 1.0)
+    return 1.0 if x < 0.0 else 0.0
+
+
+def empirical_exceed(table: Sequence[tuple[float, float]], x: float) -> float:
+    """P(ratio > x) from a learned quantile table ((level 0-1, ratio), ...), levels increasing (0-1).
+
+    Linear in the ratio between tabulated quantiles; below the first level linear down to ratio 0 (P = 1);
+    above the last, log-linear extrapolation of the exceedance from the last two points.
+
+    Examples
+    --------
+    >>> t = ((0.5, 1.0), (0.9, 2.0), (0.99, 4.0))
+    >>> round(empirical_exceed(t, 2.0), 3), round(empirical_exceed(t, 3.0), 3), empirical_exceed(t, 0.0)
+    (0.1, 0.055, 1.0)
+    """
+    if not table or x <= 0.0:
+        return 1.0
+    lv = [float(a) for a, _ in table]
+    q = [float(b) for _, b in table]
+    if x <= q[0]:
+        return 1.0 - lv[0] * x / q[0] if q[0] > 0 else 1.0 - lv[0]
+    for i in range(1, len(q)):
+        if x <= q[i]:
+            w = (x - q[i - 1]) / (q[i] - q[i - 1]) if q[i] > q[i - 1] else 1.0
+            return 1.0 - (lv[i - 1] + w * (lv[i] - lv[i - 1]))
+    if len(q) < 2 or q[-1] <= q[-2]:
+        return 0.0
+    e1, e2 = 1.0 - lv[-2], 1.0 - lv[-1]
+    return e2 * (e2 / e1) ** ((x - q[-1]) / (q[-1] - q[-2]))
+
+
+def empirical_quantile(table: Sequence[tuple[float, float]], level: float) -> float:
+    """The ratio at a quantile level (0-1) of a learned table, linear between levels (ratio; 0 if empty)."""
+    if not table:
+        return 0.0
+    for (l0, r0), (l1, r1) in zip(table, table[1:], strict=False):
+        if l0 <= level <= l1:
+            return r0 + (r1 - r0) * (level - l0) / (l1 - l0) if l1 > l0 else r1
+    return float(table[-1][1]) if level > table[-1][0] else float(table[0][1])
