@@ -50,7 +50,7 @@ class WorkerSettings(BaseSettings):
     group_id: str = "aurelius-worker"
     period_s: float = 300.0
     allowed_lateness_s: float = 30.0
-    batch_max_records: int = 5000
+    batch_max_records: int = 20000
     batch_max_s: float = 0.2
     session_timeout_s: float = 6.0
     heartbeat_interval_s: float = 1.0

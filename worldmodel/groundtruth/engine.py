@@ -11,7 +11,7 @@ import math
 import numpy as np
 from numba import njit
 
-from worldmodel.groundtruth.queues import heap_pop, heap_push, keyed_pop, keyed_push
+from worldmodel.groundtruth.queues import keyed_pop, keyed_push
 from worldmodel.groundtruth.replica import (
     cache_lookup,
     finish_step,
@@ -60,15 +60,14 @@ def schedule(
     sf: np.ndarray,
     si: np.ndarray,
     ht: np.ndarray,
-    hr: np.ndarray,
-    hv: np.ndarray,
+    hi: np.ndarray,
     t: float,
 ) -> None:
     """Plan replica r's next iteration from time t and push its end event."""
     end = plan_step(rep, r, req, sf, t, si[S_EDF] == 1)
     if end < math.inf:
         rep.version[r] += 1
-        si[S_HEAP_N] = heap_push(ht, hr, hv, si[S_HEAP_N], end, r, rep.version[r])
+        si[S_HEAP_N] = keyed_push(hi, ht, si[S_HEAP_N], (r << 32) | rep.version[r], end)
 
 
 @njit(cache=True)
@@ -134,8 +133,7 @@ def place(
     sf: np.ndarray,
     si: np.ndarray,
     ht: np.ndarray,
-    hr: np.ndarray,
-    hv: np.ndarray,
+    hi: np.ndarray,
     r: int,
     i: int,
     t: float,
@@ -143,13 +141,13 @@ def place(
     """Join request i to replica r; start the replica if idle, or cut its decode jump short."""
     join(rep, r, req, i, t)
     if rep.stepping[r] == 0:
-        schedule(rep, r, req, sf, si, ht, hr, hv, t)
+        schedule(rep, r, req, sf, si, ht, hi, t)
     elif rep.jump_k[r] > 1:
         old_end = rep.step_end[r]
         end = truncate_jump(rep, r, t)
         if end < old_end:
             rep.version[r] += 1
-            si[S_HEAP_N] = heap_push(ht, hr, hv, si[S_HEAP_N], end, r, rep.version[r])
+            si[S_HEAP_N] = keyed_push(hi, ht, si[S_HEAP_N], (r << 32) | rep.version[r], end)
 
 
 @njit(cache=True)
@@ -161,8 +159,7 @@ def drain_queues(
     sf: np.ndarray,
     si: np.ndarray,
     ht: np.ndarray,
-    hr: np.ndarray,
-    hv: np.ndarray,
+    hi: np.ndarray,
     m: int,
     t: float,
 ) -> None:
@@ -174,14 +171,14 @@ def drain_queues(
         if r < 0:
             return
         q.ihead[m] += 1
-        place(rep, req, sf, si, ht, hr, hv, r, i, t)
+        place(rep, req, sf, si, ht, hi, r, i, t)
     while batch_releasable(req, q, m, sf, si, t):
         i = q.bq[m, 0]
         r = pick_replica(rep, pools, req, i, si, 2.0)
         if r < 0:
             return
         q.bn[m] = keyed_pop(q.bq[m], q.bkey[m], q.bn[m])
-        place(rep, req, sf, si, ht, hr, hv, r, i, t)
+        place(rep, req, sf, si, ht, hi, r, i, t)
 
 
 @njit(cache=True)
@@ -211,8 +208,7 @@ def on_step_end(
     sf: np.ndarray,
     si: np.ndarray,
     ht: np.ndarray,
-    hr: np.ndarray,
-    hv: np.ndarray,
+    hi: np.ndarray,
     r: int,
     t: float,
 ) -> None:
@@ -231,9 +227,9 @@ def on_step_end(
     p = rep.pool[r]
     if rep.state[r] == WARM:
         m = pools.model[p]
-        drain_queues(rep, pools, req, q, sf, si, ht, hr, hv, m, t)
+        drain_queues(rep, pools, req, q, sf, si, ht, hi, m, t)
     if rep.stepping[r] == 0:
-        schedule(rep, r, req, sf, si, ht, hr, hv, t)
+        schedule(rep, r, req, sf, si, ht, hi, t)
 
 
 @njit(cache=True)
@@ -247,8 +243,7 @@ def run_until(
     sf: np.ndarray,
     si: np.ndarray,
     ht: np.ndarray,
-    hr: np.ndarray,
-    hv: np.ndarray,
+    hi: np.ndarray,
     t_end: float,
 ) -> None:
     """Advance the site from sf[S_NOW] to t_end, processing every event in time order."""
@@ -270,26 +265,27 @@ def run_until(
                 autoscale_tick(rep, pools, req, q, hw, logs, sf, si, t)
                 sf[S_NEXT_AS] = t + AS_DT
                 for m in range(q.bn.shape[0]):
-                    drain_queues(rep, pools, req, q, sf, si, ht, hr, hv, m, t)
+                    drain_queues(rep, pools, req, q, sf, si, ht, hi, m, t)
                 # replicas that just became ready start on queued work
                 for r in range(rep.n.shape[0]):
                     if rep.state[r] == WARM and rep.stepping[r] == 0 and rep.n[r] > 0:
-                        schedule(rep, r, req, sf, si, ht, hr, hv, t)
+                        schedule(rep, r, req, sf, si, ht, hi, t)
         elif t == t_arr:
             si[S_ARR_PTR] = ptr + 1
             enqueue(req, q, si, ptr, False)
-            drain_queues(rep, pools, req, q, sf, si, ht, hr, hv, req.model[ptr], t)
+            drain_queues(rep, pools, req, q, sf, si, ht, hi, req.model[ptr], t)
         else:
-            r = hr[0]
-            v = hv[0]
-            si[S_HEAP_N] = heap_pop(ht, hr, hv, si[S_HEAP_N])
+            r = hi[0] >> 32  # event item = replica << 32 | version
+            v = hi[0] & 0xFFFFFFFF
+            si[S_HEAP_N] = keyed_pop(hi, ht, si[S_HEAP_N])
             if v != rep.version[r] or rep.stepping[r] == 0:
                 continue
-            on_step_end(rep, pools, req, q, hw, logs, sf, si, ht, hr, hv, r, t)
+            on_step_end(rep, pools, req, q, hw, logs, sf, si, ht, hi, r, t)
             if rep.state[r] == DRAINING and rep.n[r] == 0:
                 rep.stepping[r] = 0
     sf[S_NOW] = t_end
 
 
-def empty_heap(capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return np.zeros(capacity), np.zeros(capacity, np.int64), np.zeros(capacity, np.int64)
+def empty_heap(capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Event heap: end times (s) and items (replica << 32 | version)."""
+    return np.zeros(capacity), np.zeros(capacity, np.int64)

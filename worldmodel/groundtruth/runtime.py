@@ -253,7 +253,7 @@ class SiteRuntime:
     def advance(self, t_end: float) -> None:
         """Run the compiled engine to t_end (s since window start)."""
         self._log_room(t_end)
-        ht, hr, hv = self.heap
+        ht, hi = self.heap
         run_until(
             self.rep,
             self.pools,
@@ -264,8 +264,7 @@ class SiteRuntime:
             self.sf,
             self.si,
             ht,
-            hr,
-            hv,
+            hi,
             float(t_end),
         )
 
