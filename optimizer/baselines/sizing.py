@@ -62,9 +62,7 @@ def replicas_for(
         model = MODEL_OF_CLASS[cls]
         gpu = next(g for g in PREFERRED_GPU[model] if site.gpus(GpuType(g)) > 0)
         prec = precision if gpu == "H100" else "bf16"
-        cfg = PoolConfig(
-            gpu, model, DEFAULT_TP[(model, GpuType(gpu))], prec, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1]
-        )
+        cfg = PoolConfig(gpu, model, DEFAULT_TP[(model, GpuType(gpu))], prec, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1])
         inp, out = sizes.get(cls, (1000.0, 200.0))
         batch = max_batch / 2
         per_req = sm.prefill_s(cfg, inp) + out * sm.decode_step_s(cfg, batch, inp + out / 2) / batch
@@ -93,7 +91,8 @@ def site_pools(
     """Pools for both models on every GPU type of the site, preferred type first.
 
     Each model's floor (replicas) goes on its preferred GPU type as far as that type's free GPUs allow and
-    spills onto the next type; the small model (tightest TPOT SLO) is placed first. Ceilings are the whole inventory per type.
+    spills onto the next type; the small model (tightest TPOT SLO) is placed first. Ceilings are the whole
+    inventory per type.
     """
     free = {g.gpu: site.gpus(g.gpu) for g in site.groups}
     placed: dict[tuple[str, str], int] = {}

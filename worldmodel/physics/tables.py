@@ -103,11 +103,11 @@ ENGINE_START_S = Tagged(
 )
 
 #: FP8 (W8A8 linears) speed-up over bf16 per coefficient, measured on a lent H200 with Llama-3.1-8B shapes
-#: (benchmarks/gpu_calibration.py, 2026-11-30; benchmarks/results/gpu_calibration_h200.json): full decode step 1.06x at batch 1
-#: up to 1.13x at batch 256, prefill 1.23x at 2k-8k tokens, attention and KV cache kept in bf16. They are a
-#: lower bound (unfused activation quantization, H200 not H100); engine-level gains reported for fp8 serving
-#: are larger, so the replay's `fp8_speedup_scale` varies them (1 + (s - 1) x scale; about 4 reproduces the
-#: earlier modeled 1.5-1.6x).
+#: (benchmarks/gpu_calibration.py, 2026-11-30; benchmarks/results/gpu_calibration_h200.json): full decode
+#: step 1.06x at batch 1 up to 1.13x at batch 256, prefill 1.23x at 2k-8k tokens, attention and KV cache
+#: kept in bf16. They are a lower bound (unfused activation quantization, H200 not H100); engine-level gains
+#: reported for fp8 serving are larger, so the replay's `fp8_speedup_scale` varies them
+#: (1 + (s - 1) x scale; about 4 reproduces the earlier modeled 1.5-1.6x).
 _H200 = "measured H200 (benchmarks/gpu_calibration.py), lower bound"
 FP8_SPEEDUP: dict[str, Tagged] = {
     "base_s": Tagged(1.06, "x", Provenance.MEASURED, f"{_H200}: decode step at batch 1"),
