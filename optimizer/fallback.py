@@ -56,11 +56,23 @@ def confidence_fallback(confidence: float, threshold: float) -> str | None:
     return None
 
 
+def _no_worse_than_reference(s: Scored, reference: Scored, tolerance_pp: float) -> bool:
+    """True when `s` fails only the SLA gate and no class is predicted worse than the reference plan by more than
+    `tolerance_pp` (pp): when the reference itself breaks the budget, recommending it instead is no safer."""
+    failed = [g.name for g in s.gates if not g.passed]
+    if failed != ["sla"]:
+        return False
+    ref = {c.request_class: c.violation_rate for c in reference.outcome.classes}
+    return all(100.0 * (c.violation_rate - ref.get(c.request_class, 0.0)) <= tolerance_pp + 1e-12
+               for c in s.outcome.classes)
+
+
 def decide(ranked: Sequence[Scored], reference: Scored, objective: Objective,
            tolerance_pp: float = 0.1) -> Decision:
     """Pick the best-scoring candidate that passes every hard gate and the Pareto gate; otherwise the
     reference plan, flagged fallback, with the reason (no feasible candidate, or the best feasible
-    candidate's Pareto failure).
+    candidate's Pareto failure). A candidate failing only the SLA gate still competes when no class is
+    predicted worse than the reference's by more than `tolerance_pp`: the reference breaks the budget too.
 
     Parameters
     ----------
@@ -69,7 +81,7 @@ def decide(ranked: Sequence[Scored], reference: Scored, objective: Objective,
     objective : the ranking objective (the Pareto gate compares point and risk-adjusted gp/$).
     tolerance_pp : allowed rise of any class's violation rate over the reference (percentage points).
     """
-    feasible = [s for s in ranked if s.feasible]
+    feasible = [s for s in ranked if s.feasible or _no_worse_than_reference(s, reference, tolerance_pp)]
     if not feasible:
         worst = next((g for g in ranked[0].gates if not g.passed), None) if ranked else None
         why = f"{worst.name}: {worst.reason}" if worst else "no candidates"

@@ -111,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--start", default=None, help="start of period 0, ISO 8601 UTC (default: first record's period)")
     p.add_argument("--group-id", default=None, help="consumer group / faust app id (default aurelius-worker)")
+    p.add_argument(
+        "--history-from-replay", action="store_true",
+        help="policy context and 7-day history built as `aurelius replay` builds them (window flags below)",
+    )  # fmt: skip
+    p.add_argument("--year", type=int, default=None, help="window year (with --history-from-replay)")
+    p.add_argument("--window-rule", choices=("max", "median"), default=None, help="window rule (ditto)")
+    p.add_argument("--periods", type=int, default=None, help="control periods of the window (ditto)")
+    p.add_argument("--seed", type=int, default=None, help="workload seed (ditto)")
     p.set_defaults(_run="streams.worker_cli:run")
 
     p = sub.add_parser("publish", help="replay history into the Kafka topics at a chosen speed-up")

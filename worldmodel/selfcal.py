@@ -27,9 +27,12 @@ import polars as pl
 from worldmodel.servingmodel import Corrections
 
 ANY = "*"
-#: Default share (log terms) of the roofline's precision gain credited to a precision never observed (0-1):
-#: halfway between "no gain" and "the full byte/FLOP halving" until the fleet has run it.
-PRECISION_CREDIT = 0.5
+#: Share (log terms) of the roofline's precision gain credited, at the point estimate, to a precision never
+#: observed on its (gpu, model) (0-1). The point keeps the roofline (1.0); the forward model's upper scenarios
+#: credit none (`Corrections.pessimistic`), so an unobserved precision carries the widest risk band until its
+#: own factor is fitted. Measured on PJM (6 periods): 0.5 tempted the planner into a mid-window precision
+#: switch whose reloads cost more than the gain; the uncertainty belongs in the band, not the point.
+PRECISION_CREDIT = 1.0
 #: Completions of a class a period needs before its TPOT quantiles update the learned tail (count).
 TAIL_MIN_REQUESTS = 200
 #: Quantile levels of the learned per-request TPOT tail (0-1).

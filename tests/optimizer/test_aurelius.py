@@ -135,3 +135,18 @@ def test_no_leakage_decision_at_t_ignores_data_after_t():
 def test_plan_key_ignores_labels():
     p = reference_plan()
     assert plan_key(p) == plan_key(p.__class__(**{**p.__dict__, "label": "other"}))
+
+
+def test_the_better_predicted_reference_is_the_pareto_yardstick():
+    from dataclasses import replace
+
+    base = reference_plan()
+    # a second reference with half the floors: cheaper, and under the fakes' demand predicted to score differently
+    half = base.with_pools(tuple(replace(p, replica_floor=max(p.replica_floor // 2, 1)) for p in base.pools))
+    half = replace(half, label="second reference")
+    recs = run(make(also_reference_policies=(StubReference(half),)), periods=2)
+    for r in recs:
+        assert r["pareto_reference"] in (base.label, "second reference")
+        assert r["reference_plan"]["label"] == r["pareto_reference"]
+        if r["fallback"]:
+            assert r["chosen_plan"] == r["reference_plan"]

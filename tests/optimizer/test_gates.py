@@ -161,6 +161,19 @@ def test_no_feasible_candidate_falls_back():
     assert "sla: code 50.00% > budget 1.00%" in d.reason
 
 
+def test_candidate_over_budget_competes_when_the_reference_is_worse():
+    ref_out = with_violation(fake_outcome(REF, F), "code", 0.5)  # the reference breaks the 1% budget itself
+    ref = _scored(REF, ref_out)
+    o = with_violation(ref_out, "code", 0.05)  # over budget, but 45 pp better than the reference
+    o = replace(o, gp_per_dollar=o.gp_per_dollar * 2, gp_per_dollar_lo=o.gp_per_dollar_lo * 2)
+    cand = _scored(replace(REF, label="better than the reference"), o)
+    assert not cand.feasible
+    d = decide([cand], ref, Objective())
+    assert not d.fallback and d.plan.label == "better than the reference"
+    worse = _scored(replace(REF, label="worse"), with_violation(ref_out, "code", 0.6))
+    assert decide([worse], ref, Objective()).fallback
+
+
 def test_confidence_fallback_reason():
     assert confidence_fallback(0.3, 0.5) == "forecast confidence 0.30 < threshold 0.50"
     assert confidence_fallback(0.5, 0.5) is None
