@@ -53,7 +53,8 @@ class History:
 
 @dataclass(frozen=True)
 class PolicyContext:
-    """Static context: fleet inventory, the market(s) served, timing, and the protocol's SLAs."""
+    """Static context: fleet inventory, the market(s) served, timing, the protocol's SLAs, and the fleet
+    state reported at window start."""
 
     fleet: FleetSpec
     markets: tuple[str, ...]
@@ -62,6 +63,9 @@ class PolicyContext:
     periods: int
     seed: int
     sla: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    #: replicas warm or loading per (site, model, gpu) at window start, as the fleet reported them (the
+    #: fleet was already serving; empty when unknown)
+    initial_replicas: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
 
 class Policy(ABC):

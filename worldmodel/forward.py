@@ -102,6 +102,8 @@ class ForwardModel:
         replica is powered down with its node; every node hosting a replica draws its non-GPU overhead).
     inventory : GPUs per (site, gpu type) (count); replicas beyond it cannot be placed (default: the
         operator's fleet inventory, worldmodel.fleet.default_fleet).
+    unobserved_precision_risk : evaluate the upper demand scenarios crediting no gain to a precision never
+        observed on its (gpu, model) (`Corrections.pessimistic`), which lowers gp/$_lo of such plans.
     """
 
     def __init__(
@@ -111,12 +113,14 @@ class ForwardModel:
         protocol: Protocol = PROTOCOL_V1,
         idle_power: bool = False,
         inventory: Mapping[tuple[str, str], int] | None = None,
+        unobserved_precision_risk: bool = False,
     ) -> None:
         self.serving_model = serving_model
         self.cost_config = cost_config
         self.protocol = protocol
         self.idle_power = idle_power
         self.inventory = dict(inventory) if inventory is not None else _default_inventory()
+        self.unobserved_precision_risk = unobserved_precision_risk
 
     def evaluate(self, snapshot: FleetSnapshot, plan: Plan, forecast: DisturbanceForecast) -> PredictedOutcome:
         """Predict one period's outcome of `plan` from `snapshot` under `forecast` (pure: reads only).
@@ -134,8 +138,10 @@ class ForwardModel:
         sm = self.serving_model.with_corrections(snapshot.corrections)
         period_s = forecast.period_s
         pools = [self._static(sm, snapshot, p) for p in plan.pools]
-        # the upper scenarios also credit no gain to a precision never observed (the risk band of unseen configs)
-        sm_hi = self.serving_model.with_corrections(snapshot.corrections.pessimistic())
+        # optionally the upper scenarios credit no gain to a precision never observed (a risk band for unseen
+        # configurations); off by default: on PJM it moved the first plan to bf16 and invited a costly reload
+        hi_corr = snapshot.corrections.pessimistic() if self.unobserved_precision_risk else snapshot.corrections
+        sm_hi = self.serving_model.with_corrections(hi_corr)
         results = {
             s: self._scenario(sm_hi if s in ("hi80", "hi95") else sm, snapshot, plan, forecast, pools, s)
             for s in _SCENARIOS

@@ -27,11 +27,11 @@ import polars as pl
 from worldmodel.servingmodel import Corrections
 
 ANY = "*"
-#: Share (log terms) of the roofline's precision gain credited, at the point estimate, to a precision never
-#: observed on its (gpu, model) (0-1). The point keeps the roofline (1.0); the forward model's upper scenarios
-#: credit none (`Corrections.pessimistic`), so an unobserved precision carries the widest risk band until its
-#: own factor is fitted. Measured on PJM (6 periods): 0.5 tempted the planner into a mid-window precision
-#: switch whose reloads cost more than the gain; the uncertainty belongs in the band, not the point.
+#: Share (log terms) of the roofline's precision gain credited to a precision never observed on its
+#: (gpu, model) (0-1). 1.0 keeps the roofline until the precision's own factor is fitted; the forward model can
+#: put the uncertainty in its upper scenarios instead (`ForwardModel(unobserved_precision_risk=True)`).
+#: Measured on PJM (6 periods): 0.5 tempted the planner into a mid-window precision switch whose reloads
+#: cost more than the gain.
 PRECISION_CREDIT = 1.0
 #: Completions of a class a period needs before its TPOT quantiles update the learned tail (count).
 TAIL_MIN_REQUESTS = 200

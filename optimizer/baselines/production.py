@@ -7,6 +7,7 @@ routing with load fallback, earliest-deadline ordering, deferrable work deferred
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 from optimizer.baselines.sizing import (
@@ -33,7 +34,7 @@ class ProductionPolicy(Policy):
         self._plan: Plan | None = None
 
     def start(self, ctx: PolicyContext, history: History) -> Plan:
-        # the fleet the autoscaler had reached at window start: Little's law on the last 15 minutes
+        # the fleet the autoscaler had reached at window start: as reported, else Little's law on the last 15 min
         rates = rate_per_class(history.arrivals_per_minute, last=timedelta(minutes=15))
         sizes = mean_sizes(history.size_quantiles)
         pools = tuple(
@@ -47,7 +48,9 @@ class ProductionPolicy(Policy):
                 max_batch=self.max_batch,
             )
         )
-        first = self._make(pools, "production: initial fleet from the last 15 min of history")
+        if ctx.initial_replicas:
+            pools = tuple(replace(p, replica_floor=ctx.initial_replicas.get(p.key, 0)) for p in pools)
+        first = self._make(pools, "production: the fleet running at window start")
         steady = tuple(p.__class__(**{**p.__dict__, "replica_floor": min(p.replica_floor, 1)}) for p in pools)
         self._plan = self._make(steady, "production: HPA within [1, inventory]")
         return first

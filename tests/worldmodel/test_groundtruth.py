@@ -286,7 +286,7 @@ def _alone(model: str, gpu: str, tp: int, clock: float, inp: int, out: int) -> t
 CASES = [  # (class, input, output, arrival): each alone on its replica
     ("chat", 5000, 50, 1.0),
     ("code", 3000, 200, 2.0),
-    ("chat", 30000, 20, 40.0),  # long prompt: TTFT over the chat SLO
+    ("chat", 60000, 20, 40.0),  # long prompt: TTFT over the chat SLO
 ]
 
 

@@ -70,9 +70,14 @@ def run_replay(
     keep_observations: bool = False,
     on_period: Callable[[int], None] | None = None,
     all_sites: bool = False,
+    initial_replicas: dict[tuple[str, str, str], int] | None = None,
+    stop_at_s: float | None = None,
 ) -> RunResult:
     """Replay `workload` under `policy` at its market's site, or with all_sites at every site of the fleet
-    (the three-site mode: one shared workload, residency by tenant); return the raw run."""
+    (the three-site mode: one shared workload, residency by tenant); return the raw run.
+
+    initial_replicas : the fleet running at window start per (site, model, gpu), handed to the policy's
+    context (see tuning.lead_in_fleet); stop_at_s : stop there instead of draining (s since window start)."""
     t_wall = time.perf_counter()
     market = workload.window.market
     sites = fleet.sites if all_sites else (fleet.site(market),)
@@ -93,6 +98,7 @@ def run_replay(
         periods=periods,
         seed=workload.seed,
         sla=_sla(workload),
+        initial_replicas=dict(initial_replicas or {}),
     )
     run = RunResult(market, policy.name, workload.seed, workload, rt, 0.0, 0, site_prices)
     t0 = time.perf_counter()
@@ -101,6 +107,8 @@ def run_replay(
     _record(run, policy, plan, 0)
     rt.apply_plan(plan, prewarm=True)
     limit = drain_limit_s(workload, window_s, grace_s)
+    if stop_at_s is not None:
+        limit = min(limit, stop_at_s)
     n_req = workload.requests.height
     k = 0
     prev_as_of = start

@@ -37,7 +37,7 @@ from worldmodel.fleet import default_fleet
 from worldmodel.groundtruth.metrics import PROVENANCE, per_period, request_outcomes, summarize
 from worldmodel.groundtruth.replay import RunResult, run_replay
 from worldmodel.groundtruth.runtime import Physics
-from worldmodel.groundtruth.tuning import tune_static
+from worldmodel.groundtruth.tuning import lead_in_fleet, tune_static
 
 HEADLINE = (
     "offered",
@@ -174,9 +174,12 @@ def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
                              period_minutes=args.period_minutes)  # fmt: skip
         window["production_tuned"] = {"config": tuning.config, "tuned_on": tuning.window_start.isoformat(),
                                       "candidates": tuning.table}  # fmt: skip
+    initial = lead_in_fleet(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
+                            all_sites=job.all_sites)  # fmt: skip
     outcomes = []
     for name in job.policies:
-        res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config)
+        res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config,
+                   initial)  # fmt: skip
         summary = summarize(res)
         summary["seed"] = job.seed
         summary.update(_decision_stats(res))
@@ -203,6 +206,7 @@ def _one(
     seed: int,
     all_sites: bool,
     tuned: tuple[str, int, float] | None,
+    initial: dict[tuple[str, str, str], int],
 ) -> RunResult:
     """One replay; production-tuned (and the aurelius arms' Pareto reference) run the configuration measured
     best on the week before (`tuned`)."""
@@ -223,6 +227,7 @@ def _one(
             keep_observations=args.emit_observations,
             on_period=lambda _k: bar.update(1),
             all_sites=all_sites,
+            initial_replicas=initial,
         )
     finally:
         bar.close()

@@ -1,4 +1,8 @@
-"""Tuning the `production-tuned` reference the way an operator would: on its own past traffic.
+"""What an operator knows from its own past traffic: the fleet running at window start, and the best static
+configuration of the `production-tuned` reference.
+
+`lead_in_fleet` serves the hour before the window as deployed (production) and reports the replicas warm
+or loading at the window's start: the state every autoscaled policy starts from.
 
 Each candidate static configuration (precision, batch cap, SM clock) serves the same past window, one week
 before the replay window at the same local time, on the ground truth; the winner is the highest SLA-met
@@ -12,9 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import numpy as np
+
 from optimizer.baselines.tuned import TunedProductionPolicy
 from streams.workload.builder import build_workload
 from worldmodel.fleet import FleetSpec
+from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.metrics import summarize
 from worldmodel.groundtruth.replay import run_replay
 from worldmodel.groundtruth.runtime import Physics
@@ -57,10 +64,12 @@ def tune_static(
     past = window_start - timedelta(days=7)
     wl = build_workload(market, past.year, start=past, periods=periods, period_minutes=period_minutes,
                         seed=seed + 7919)  # fmt: skip
+    initial = lead_in_fleet(market, past, fleet, seed=seed, physics=physics)
     rows = []
     for cfg in CANDIDATES:
-        run = run_replay(wl, TunedProductionPolicy(config=cfg), fleet, period_s=period_minutes * 60.0,
-                         window_s=periods * period_minutes * 60.0, physics=physics)  # fmt: skip
+        policy = TunedProductionPolicy(config=cfg)
+        run = run_replay(wl, policy, fleet, period_s=period_minutes * 60.0, window_s=periods * period_minutes * 60.0,
+                         physics=physics, initial_replicas=initial)  # fmt: skip
         s = summarize(run)
         rows.append({"config": cfg, "gp_per_dollar": s["gp_per_dollar"],
                      "violation": {c: v["sla_violation_rate"] for c, v in s["classes"].items()}})  # fmt: skip
@@ -68,3 +77,25 @@ def tune_static(
     ok = [r for r in rows if all(v <= base.get(c, 0.0) + SLA_SLACK for c, v in r["violation"].items())]
     best = max(ok, key=lambda r: r["gp_per_dollar"])
     return Tuning(best["config"], past, tuple(rows))
+
+
+def lead_in_fleet(
+    market: str,
+    window_start: datetime,
+    fleet: FleetSpec,
+    *,
+    seed: int,
+    physics: Physics | None = None,
+    all_sites: bool = False,
+) -> dict[tuple[str, str, str], int]:
+    """Replicas warm or loading per (site, model, gpu) after serving the hour before `window_start`."""
+    from optimizer.baselines.production import ProductionPolicy
+
+    lead = window_start - timedelta(hours=1)  # windows start on the hour, and so does the lead-in
+    wl = build_workload(market, lead.year, start=lead, periods=4, period_minutes=15.0, seed=seed + 104729)
+    run = run_replay(wl, ProductionPolicy(), fleet, period_s=900.0, window_s=3600.0, physics=physics,
+                     all_sites=all_sites, stop_at_s=3600.0)  # fmt: skip
+    rt = run.runtime
+    live = (rt.rep.state == st.WARM) | (rt.rep.state == st.LOADING)
+    counts = np.bincount(rt.rep.pool[live], minlength=len(rt.pool_keys))
+    return {key: int(counts[p]) for p, key in enumerate(rt.pool_keys)}
