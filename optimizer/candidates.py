@@ -21,6 +21,7 @@ from optimizer.deferral_lp import risk_adjusted_price
 from optimizer.levers import LeverSpace, PoolLevers, plan_key
 from optimizer.plan import BatchAdmission, Plan, PoolPlan
 from optimizer.sizing import idle_power_w, kv_sequences, replica_power_w, replica_rps
+from optimizer.solver import solve_highs
 from worldmodel.cost import CostConfig
 from worldmodel.fleet import GPUS_PER_NODE, FleetSpec, GpuType
 from worldmodel.forecast_types import DisturbanceForecast
@@ -340,7 +341,7 @@ class _CapacityProblem:
         self.gpus.value = np.array([float(gpus[g]) for g in self.groups])
         self.budget.value = float(swap_budget)
         try:
-            self.problem.solve(solver=cp.HIGHS, time_limit=time_limit_s, mip_rel_gap=mip_gap)
+            solve_highs(self.problem, time_limit_s=time_limit_s, mip_gap=mip_gap)
         except cp.error.SolverError:
             return None
         if self.n.value is None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from optimizer.solver import solve_highs
+
 #: Penalty per request/s of unserved demand ($/h), far above any replica's hourly cost.
 SHORTFALL_PENALTY_USD_H = 1.0e4
 
@@ -109,7 +111,7 @@ def size_capacity(
     cost = np.array([p.cost_usd_h for p in pools])
     obj = cost @ n + SHORTFALL_PENALTY_USD_H * cp.sum(s) + 1e-3 * cp.sum(d)
     prob = cp.Problem(cp.Minimize(obj), cons)
-    prob.solve(solver=cp.HIGHS, time_limit=time_limit_s, mip_rel_gap=mip_gap)
+    solve_highs(prob, time_limit_s=time_limit_s, mip_gap=mip_gap)
     if n.value is None:
         return None
     reps = {p.key: int(round(float(v))) for p, v in zip(pools, n.value, strict=True)}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from optimizer.plan import BatchAdmission, Plan
 from optimizer.sizing import replica_power_w, replica_rps
+from optimizer.solver import solve_highs
 from worldmodel.forecast_types import DisturbanceForecast, Interval
 from worldmodel.servingmodel import ServingModel
 
@@ -125,7 +126,7 @@ def schedule_deferral(
         cp.sum(x, axis=0) <= np.asarray(spare_requests, dtype=float),
     ]
     prob = cp.Problem(cp.Minimize(cost), cons)
-    prob.solve(solver=cp.HIGHS, time_limit=time_limit_s)
+    solve_highs(prob, time_limit_s=time_limit_s)
     if x.value is None:
         raise RuntimeError(f"deferral LP failed: {prob.status}")
     release = np.clip(x.value.sum(axis=0), 0.0, None)
