@@ -28,7 +28,7 @@ from optimizer.gates import GateConfig, GateContext, hard_gates
 from optimizer.levers import LeverSpace, lever_space, plan_key
 from optimizer.objective import Objective
 from optimizer.observed import ObservedState
-from optimizer.plan import Plan
+from optimizer.plan import BatchAdmission, Plan
 from optimizer.policy import History, Observations, Policy, PolicyContext, create, register
 from optimizer.search import LEVER_STAGES, SearchConfig, SearchResult, search
 from worldmodel.forecast_types import DisturbanceForecast, PredictedOutcome
@@ -68,7 +68,8 @@ class AureliusPolicy(Policy):
     Parameters
     ----------
     mode : "full", "clock-only" (reference plan with the clock varied), "fixed-grid" (generated bundles,
-        no adaptive expansion) or "no-deferral" (the reference's batch admission, no deferral LP).
+        no adaptive expansion) or "no-deferral" (deferrable work admitted as deployed, only under pressure;
+        no deferral LP).
     oracle : True for the oracle arm; `forecast_provider` must then return the realized future.
     reference : registry name of the reference policy (the strongest per market, e.g. "production-tuned"): the
         safe default of the confidence fallback.
@@ -201,8 +202,12 @@ class AureliusPolicy(Policy):
                    "seed": self.seed, "audit_grid_size": n_grid,
                    "future_price_ratio": objective.future_price_ratio},
         )
-        self._previous = decision.plan
-        return decision.plan
+        plan = decision.plan
+        if self.mode == "no-deferral" and plan.batch_admission == BatchAdmission.HOLD:
+            # the ablation without deferral: a reference plan chosen as is must not bring its hold along
+            plan = replace(plan, batch_admission=BatchAdmission.PRESSURE)
+        self._previous = plan
+        return plan
 
     def _space(self, ref_plan: Plan, tenants: dict[str, Any]) -> LeverSpace:
         assert self._ctx is not None
@@ -212,8 +217,10 @@ class AureliusPolicy(Policy):
                 by_model.setdefault(m, []).append(t)
         space = lever_space(self._ctx.fleet, ref_plan.pools, self.gate_config.precision_policy,
                             {m: tuple(ts) for m, ts in by_model.items()})
-        if self.mode in ("no-deferral", "clock-only"):
+        if self.mode == "clock-only":
             space = replace(space, admissions=(ref_plan.batch_admission,))
+        elif self.mode == "no-deferral":  # deferrable work waits only under pressure, as deployed
+            space = replace(space, admissions=(BatchAdmission.PRESSURE,))
         return space
 
     def _candidates(self, as_of: datetime, forecasts: tuple[DisturbanceForecast, ...], ref_plan: Plan,
