@@ -16,12 +16,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from optimizer.capacity_milp import SHORTFALL_PENALTY_USD_H, Sizing, SizingPool
+from optimizer.capacity_milp import SizingPool, size_capacity
 from optimizer.deferral_lp import risk_adjusted_price
 from optimizer.levers import LeverSpace, PoolLevers, plan_key
 from optimizer.plan import BatchAdmission, Plan, PoolPlan
 from optimizer.sizing import idle_power_w, kv_sequences, replica_power_w, replica_rps
-from optimizer.solver import solve_highs
 from worldmodel.cost import CostConfig
 from worldmodel.fleet import GPUS_PER_NODE, FleetSpec, GpuType
 from worldmodel.forecast_types import DisturbanceForecast
@@ -189,7 +188,7 @@ def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed:
     sites = [s for s in inp.fleet.sites if s.name in site_names]
     gpus = {(s.name, str(g.gpu)): s.gpus(GpuType(g.gpu)) for s in sites for g in s.groups}
     base = {s.name: sum(g.nodes * GPUS_PER_NODE * idle_power_w(str(g.gpu)) for g in s.groups) for s in sites}
-    sol = size_capacity_cached(
+    sol = size_capacity(
         sizing, demand, gpus, {s.name: s.power_cap_w for s in sites}, base, inp.swap_budget - reloads, target_u
     )
     if sol is None:
@@ -262,126 +261,3 @@ def _dedupe(plans: Sequence[Plan]) -> list[Plan]:
             seen.add(k)
             out.append(p)
     return out
-
-
-class _CapacityProblem:
-    """The capacity MILP of optimizer/capacity_milp.py, built once per fleet structure with cvxpy Parameters.
-
-    The structure (pools with their tp, models, the (site, gpu) inventories and sites with a power-bearing
-    pool) fixes the constraint matrices; rps, costs, power, demand, inventory, caps, the previous fleet and
-    the swap budget are Parameters, so cvxpy canonicalizes the problem once (DPP) and each of the ~8 sizings a
-    decision runs costs only the HiGHS solve. Same model, same time limit and MIP gap as `size_capacity`.
-    """
-
-    def __init__(
-        self,
-        keys: tuple[tuple[str, str, str], ...],
-        tps: tuple[int, ...],
-        models: tuple[str, ...],
-        groups: tuple[tuple[str, str], ...],
-        sites: tuple[str, ...],
-    ) -> None:
-        import cvxpy as cp
-
-        n_p = len(keys)
-        self.keys, self.models, self.groups, self.sites = keys, models, groups, sites
-        self.n = cp.Variable(n_p, integer=True)
-        d = cp.Variable(n_p, nonneg=True)
-        self.s = cp.Variable(len(models), nonneg=True)
-        self.ur = cp.Parameter(n_p, nonneg=True)
-        self.cost = cp.Parameter(n_p)
-        self.prev = cp.Parameter(n_p)
-        self.maxr = cp.Parameter(n_p)
-        self.demand = cp.Parameter(len(models))
-        self.added_w = cp.Parameter(n_p, nonneg=True)
-        self.headroom_w = cp.Parameter(len(sites))
-        self.gpus = cp.Parameter(len(groups))
-        self.budget = cp.Parameter()
-        a_m = np.array([[1.0 if k[1] == m else 0.0 for k in keys] for m in models])
-        cons = [
-            self.n >= 0,
-            self.n <= self.maxr,
-            d >= self.n - self.prev,
-            d >= self.prev - self.n,
-            cp.sum(d) <= self.budget,
-            a_m @ cp.multiply(self.ur, self.n) + self.s >= self.demand,
-        ]
-        if groups:
-            a_g = np.array(
-                [[float(tp) if (k[0], k[2]) == g else 0.0 for k, tp in zip(keys, tps, strict=True)] for g in groups]
-            )
-            cons.append(a_g @ self.n <= self.gpus)
-        if sites:
-            a_s = np.array([[1.0 if k[0] == site else 0.0 for k in keys] for site in sites])
-            cons.append(a_s @ cp.multiply(self.added_w, self.n) <= self.headroom_w)
-        obj = self.cost @ self.n + SHORTFALL_PENALTY_USD_H * cp.sum(self.s) + 1e-3 * cp.sum(d)
-        self.problem = cp.Problem(cp.Minimize(obj), cons)
-
-    def solve(
-        self,
-        pools: Sequence[SizingPool],
-        demand_rps: Mapping[str, float],
-        gpus: Mapping[tuple[str, str], int],
-        power_cap_w: Mapping[str, float],
-        base_power_w: Mapping[str, float],
-        swap_budget: int,
-        target_utilization: float,
-        time_limit_s: float,
-        mip_gap: float,
-    ) -> Sizing | None:
-        import cvxpy as cp
-
-        self.ur.value = np.array([max(target_utilization * p.rps, 0.0) for p in pools])
-        self.cost.value = np.array([p.cost_usd_h for p in pools])
-        self.prev.value = np.array([float(p.prev_replicas) for p in pools])
-        self.maxr.value = np.array([float(p.max_replicas) for p in pools])
-        self.demand.value = np.array([float(demand_rps.get(m, 0.0)) for m in self.models])
-        self.added_w.value = np.array([max(p.added_power_w, 0.0) for p in pools])
-        self.headroom_w.value = np.array([power_cap_w[s] - base_power_w.get(s, 0.0) for s in self.sites])
-        self.gpus.value = np.array([float(gpus[g]) for g in self.groups])
-        self.budget.value = float(swap_budget)
-        try:
-            solve_highs(self.problem, time_limit_s=time_limit_s, mip_gap=mip_gap)
-        except cp.error.SolverError:
-            return None
-        if self.n.value is None:
-            return None
-        reps = {p.key: int(round(float(v))) for p, v in zip(pools, self.n.value, strict=True)}
-        short = {m: float(v) for m, v in zip(self.models, self.s.value, strict=True)}
-        cost = float(np.array([p.cost_usd_h for p in pools]) @ np.array(list(reps.values()), dtype=float))
-        return Sizing(reps, short, str(self.problem.status), cost)
-
-
-_PROBLEMS: dict[tuple[object, ...], _CapacityProblem] = {}
-
-
-def size_capacity_cached(
-    pools: Sequence[SizingPool],
-    demand_rps: Mapping[str, float],
-    gpus: Mapping[tuple[str, str], int],
-    power_cap_w: Mapping[str, float],
-    base_power_w: Mapping[str, float],
-    swap_budget: int,
-    target_utilization: float = 0.8,
-    time_limit_s: float = 1.0,
-    mip_gap: float = 1e-3,
-) -> Sizing | None:
-    """`optimizer.capacity_milp.size_capacity` (same arguments, same model) on a cached parametric problem."""
-    if not pools:
-        return Sizing({}, {m: float(d) for m, d in demand_rps.items()}, "empty", 0.0)
-    keys = tuple(p.key for p in pools)
-    models = tuple(sorted({k[1] for k in keys} | set(demand_rps)))
-    groups = tuple(g for g in gpus if any((k[0], k[2]) == g for k in keys))
-    sites = tuple(
-        s for s in power_cap_w if any(k[0] == s and p.added_power_w > 0 for k, p in zip(keys, pools, strict=True))
-    )
-    tps = tuple(p.tp for p in pools)
-    struct = (keys, tps, models, groups, sites)
-    prob = _PROBLEMS.get(struct)
-    if prob is None:
-        if len(_PROBLEMS) > 64:
-            _PROBLEMS.clear()
-        prob = _PROBLEMS[struct] = _CapacityProblem(*struct)
-    return prob.solve(
-        pools, demand_rps, gpus, power_cap_w, base_power_w, swap_budget, target_utilization, time_limit_s, mip_gap
-    )

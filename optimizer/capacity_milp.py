@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from optimizer.solver import solve_highs
 
 #: Penalty per request/s of unserved demand ($/h), far above any replica's hourly cost.
@@ -55,6 +57,97 @@ class Sizing:
     objective_usd_h: float
 
 
+class _Problem:
+    """The capacity MILP (module docstring), built once per fleet structure with cvxpy Parameters.
+
+    The structure (pools with their tp, models, the (site, gpu) inventories and sites with a power-bearing
+    pool) fixes the constraint matrices; rps, costs, power, demand, inventory, caps, the previous fleet and
+    the swap budget are Parameters, so cvxpy canonicalizes the problem once (DPP) and each of the ~8 sizings a
+    decision runs costs only the HiGHS solve.
+    """
+
+    def __init__(
+        self,
+        keys: tuple[tuple[str, str, str], ...],
+        tps: tuple[int, ...],
+        models: tuple[str, ...],
+        groups: tuple[tuple[str, str], ...],
+        sites: tuple[str, ...],
+    ) -> None:
+        import cvxpy as cp
+
+        n_p = len(keys)
+        self.keys, self.models, self.groups, self.sites = keys, models, groups, sites
+        self.n = cp.Variable(n_p, integer=True)
+        d = cp.Variable(n_p, nonneg=True)
+        self.s = cp.Variable(len(models), nonneg=True)
+        self.ur = cp.Parameter(n_p, nonneg=True)
+        self.cost = cp.Parameter(n_p)
+        self.prev = cp.Parameter(n_p)
+        self.maxr = cp.Parameter(n_p)
+        self.demand = cp.Parameter(len(models))
+        self.added_w = cp.Parameter(n_p, nonneg=True)
+        self.headroom_w = cp.Parameter(len(sites))
+        self.gpus = cp.Parameter(len(groups))
+        self.budget = cp.Parameter()
+        a_m = np.array([[1.0 if k[1] == m else 0.0 for k in keys] for m in models])
+        cons = [
+            self.n >= 0,
+            self.n <= self.maxr,
+            d >= self.n - self.prev,
+            d >= self.prev - self.n,
+            cp.sum(d) <= self.budget,
+            a_m @ cp.multiply(self.ur, self.n) + self.s >= self.demand,
+        ]
+        if groups:
+            a_g = np.array(
+                [[float(tp) if (k[0], k[2]) == g else 0.0 for k, tp in zip(keys, tps, strict=True)] for g in groups]
+            )
+            cons.append(a_g @ self.n <= self.gpus)
+        if sites:
+            a_s = np.array([[1.0 if k[0] == site else 0.0 for k in keys] for site in sites])
+            cons.append(a_s @ cp.multiply(self.added_w, self.n) <= self.headroom_w)
+        obj = self.cost @ self.n + SHORTFALL_PENALTY_USD_H * cp.sum(self.s) + 1e-3 * cp.sum(d)
+        self.problem = cp.Problem(cp.Minimize(obj), cons)
+
+    def solve(
+        self,
+        pools: Sequence[SizingPool],
+        demand_rps: Mapping[str, float],
+        gpus: Mapping[tuple[str, str], int],
+        power_cap_w: Mapping[str, float],
+        base_power_w: Mapping[str, float],
+        swap_budget: int,
+        target_utilization: float,
+        time_limit_s: float,
+        mip_gap: float,
+    ) -> Sizing | None:
+        import cvxpy as cp
+
+        self.ur.value = np.array([max(target_utilization * p.rps, 0.0) for p in pools])
+        self.cost.value = np.array([p.cost_usd_h for p in pools])
+        self.prev.value = np.array([float(p.prev_replicas) for p in pools])
+        self.maxr.value = np.array([float(p.max_replicas) for p in pools])
+        self.demand.value = np.array([float(demand_rps.get(m, 0.0)) for m in self.models])
+        self.added_w.value = np.array([max(p.added_power_w, 0.0) for p in pools])
+        self.headroom_w.value = np.array([power_cap_w[s] - base_power_w.get(s, 0.0) for s in self.sites])
+        self.gpus.value = np.array([float(gpus[g]) for g in self.groups])
+        self.budget.value = float(swap_budget)
+        try:
+            solve_highs(self.problem, time_limit_s=time_limit_s, mip_gap=mip_gap)
+        except cp.error.SolverError:
+            return None
+        if self.n.value is None:
+            return None
+        reps = {p.key: int(round(float(v))) for p, v in zip(pools, self.n.value, strict=True)}
+        short = {m: float(v) for m, v in zip(self.models, self.s.value, strict=True)}
+        cost = float(np.array([p.cost_usd_h for p in pools]) @ np.array(list(reps.values()), dtype=float))
+        return Sizing(reps, short, str(self.problem.status), cost)
+
+
+_PROBLEMS: dict[tuple[object, ...], _Problem] = {}
+
+
 def size_capacity(
     pools: Sequence[SizingPool],
     demand_rps: Mapping[str, float],
@@ -66,8 +159,8 @@ def size_capacity(
     time_limit_s: float = 1.0,
     mip_gap: float = 1e-3,
 ) -> Sizing | None:
-    """Solve the capacity MILP (module docstring). None when infeasible (e.g. the swap budget cannot reach
-    an inventory- and power-feasible fleet from the current one).
+    """Solve the capacity MILP (module docstring) on a problem cached per fleet structure. None when
+    infeasible (e.g. the swap budget cannot reach an inventory- and power-feasible fleet from the current one).
 
     Parameters
     ----------
@@ -85,35 +178,21 @@ def size_capacity(
     >>> size_capacity(p, {"m": 35.0}, {("s", "H100"): 8}, {"s": 1e5}, {"s": 0.0}, 8).replicas
     {('s', 'm', 'H100'): 5}
     """
-    import cvxpy as cp
-    import numpy as np
-
     if not pools:
         return Sizing({}, {m: float(d) for m, d in demand_rps.items()}, "empty", 0.0)
-    models = sorted({p.key[1] for p in pools} | set(demand_rps))
-    n = cp.Variable(len(pools), integer=True)
-    d = cp.Variable(len(pools), nonneg=True)
-    s = cp.Variable(len(models), nonneg=True)
-    prev = np.array([p.prev_replicas for p in pools], dtype=float)
-    cons = [n >= 0, n <= np.array([p.max_replicas for p in pools]), d >= n - prev, d >= prev - n,
-            cp.sum(d) <= swap_budget]
-    for j, m in enumerate(models):
-        r = np.array([target_utilization * p.rps if p.key[1] == m else 0.0 for p in pools])
-        cons.append(r @ n + s[j] >= float(demand_rps.get(m, 0.0)))
-    for (site, gpu), count in gpus.items():
-        a = np.array([p.tp if (p.key[0], p.key[2]) == (site, gpu) else 0.0 for p in pools])
-        if a.any():
-            cons.append(a @ n <= count)
-    for site, cap in power_cap_w.items():
-        w = np.array([p.added_power_w if p.key[0] == site else 0.0 for p in pools])
-        if w.any():
-            cons.append(base_power_w.get(site, 0.0) + w @ n <= cap)
-    cost = np.array([p.cost_usd_h for p in pools])
-    obj = cost @ n + SHORTFALL_PENALTY_USD_H * cp.sum(s) + 1e-3 * cp.sum(d)
-    prob = cp.Problem(cp.Minimize(obj), cons)
-    solve_highs(prob, time_limit_s=time_limit_s, mip_gap=mip_gap)
-    if n.value is None:
-        return None
-    reps = {p.key: int(round(float(v))) for p, v in zip(pools, n.value, strict=True)}
-    short = {m: float(v) for m, v in zip(models, s.value, strict=True)}
-    return Sizing(reps, short, str(prob.status), float(cost @ np.array(list(reps.values()))))
+    keys = tuple(p.key for p in pools)
+    models = tuple(sorted({k[1] for k in keys} | set(demand_rps)))
+    groups = tuple(g for g in gpus if any((k[0], k[2]) == g for k in keys))
+    sites = tuple(
+        s for s in power_cap_w if any(k[0] == s and p.added_power_w > 0 for k, p in zip(keys, pools, strict=True))
+    )
+    tps = tuple(p.tp for p in pools)
+    struct = (keys, tps, models, groups, sites)
+    prob = _PROBLEMS.get(struct)
+    if prob is None:
+        if len(_PROBLEMS) > 64:
+            _PROBLEMS.clear()
+        prob = _PROBLEMS[struct] = _Problem(*struct)
+    return prob.solve(
+        pools, demand_rps, gpus, power_cap_w, base_power_w, swap_budget, target_utilization, time_limit_s, mip_gap
+    )

@@ -6,15 +6,12 @@ the cached capacity MILP agrees with the reference formulation; the replay CLI's
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import polars as pl
 import pytest
 
 from optimizer.aurelius import AureliusPolicy
-from optimizer.candidates import size_capacity_cached
-from optimizer.capacity_milp import SizingPool, size_capacity
 from optimizer.policy import Observations, create
 from optimizer.wiring import (
     AURELIUS_ARMS,
@@ -212,26 +209,3 @@ def test_build_policy_builds_every_arm_and_reference(wl: Workload) -> None:
     assert build_policy("production").name == "production"
     with pytest.raises(ValueError):
         build_policy("oracle", None)
-
-
-def test_cached_capacity_milp_matches_the_reference_formulation() -> None:
-    rnd = random.Random(7)
-    for _ in range(12):
-        pools = [
-            SizingPool(("s", "m8", "H100"), 1, rnd.uniform(4, 15), 500.0, rnd.uniform(2, 4), rnd.randint(0, 6), 64),
-            SizingPool(("s", "m8", "A100"), 1, rnd.uniform(2, 8), 300.0, rnd.uniform(1.5, 3), 0, 64),
-            SizingPool(("s", "m70", "H100"), 4, rnd.uniform(1, 5), 2000.0, rnd.uniform(9, 13), rnd.randint(0, 12), 16),
-            SizingPool(("s", "m70", "A100"), 8, rnd.uniform(1, 3), 2400.0, rnd.uniform(8, 20), 0, 8),
-        ]
-        args = (
-            pools,
-            {"m8": rnd.uniform(5, 60), "m70": rnd.uniform(5, 50)},
-            {("s", "H100"): 64, ("s", "A100"): 64},
-            {"s": rnd.uniform(3e4, 1e5)},
-            {"s": 1e4},
-            rnd.randint(2, 12),
-        )
-        a, b = size_capacity(*args), size_capacity_cached(*args)
-        assert (a is None) == (b is None)
-        if a is not None and b is not None:
-            assert b.objective_usd_h == pytest.approx(a.objective_usd_h, rel=2e-3)
