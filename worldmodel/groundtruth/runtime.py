@@ -13,21 +13,10 @@ from worldmodel.fleet import DEFAULT_TP, GPU_INDEX, GPUS_PER_NODE, PRECISION_IND
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.engine import TEL_DT, empty_heap, run_until
 from worldmodel.groundtruth.reconfigure import reload_replica
-from worldmodel.physics import COEFF_FIELDS, node_overhead_w, step_coefficients
+from worldmodel.physics import node_overhead_w, step_coefficients
 
 MODELS = ("llama-3.1-8b", "llama-3.1-70b")
 CLASSES = ("code", "chat", "batch")
-_COEF_NAMES = (
-    "base_s",
-    "per_seq_s",
-    "per_kv_token_s",
-    "per_prefill_token_s",
-    "per_prefill_attn_s",
-    "kv_capacity_tokens",
-    "weights_load_s",
-    "idle_power_w",
-    "max_power_w",
-)
 _ROUTING = {
     Routing.PREFIX_LOAD: st.RT_PREFIX_LOAD,
     Routing.LEAST_LOAD: st.RT_LEAST_LOAD,
@@ -52,10 +41,9 @@ class Physics:
 
 
 def coef_row(model: str, gpu: str, tp: int, precision: str, clock_mhz: float, physics: Physics) -> np.ndarray:
-    """Coefficient row in the engine's order (state.C_*), by field name from worldmodel.physics."""
+    """Coefficient row in worldmodel.physics.COEFF_FIELDS order (the engine's state.C_* columns)."""
     c = step_coefficients(model, gpu, tp, precision, clock_mhz, fp8_speedup_scale=physics.fp8_speedup_scale)
-    arr = c.as_array()
-    return np.array([arr[COEFF_FIELDS.index(name)] for name in _COEF_NAMES], dtype=np.float64)
+    return c.as_array()
 
 
 def _hardware(sites: tuple[Site, ...], fleet_seed: int) -> st.Hardware:

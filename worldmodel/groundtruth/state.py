@@ -10,11 +10,17 @@ from typing import NamedTuple
 
 import numpy as np
 
+from worldmodel.physics import COEFF_FIELDS
+
 MAX_BATCH = 512  # hard cap on sequences per replica (array width)
 CACHE_SLOTS = 2048  # direct-mapped prefix-cache slots per replica (512-token blocks)
-N_COEF = 9
-# Coefficient row order (see worldmodel.physics.COEFF_FIELDS); copied here by name at setup.
-C_BASE, C_SEQ, C_KV, C_PTOK, C_PATTN, C_KVCAP, C_LOAD, C_IDLE, C_MAXP = range(N_COEF)
+# Coefficient columns, in worldmodel.physics.COEFF_FIELDS order (StepCoefficients.as_array()).
+N_COEF = len(COEFF_FIELDS)
+C_BASE, C_SEQ, C_KV, C_PTOK, C_PATTN, C_KVCAP, C_LOAD, C_IDLE, C_MAXP = (
+    COEFF_FIELDS.index(f)
+    for f in ("base_s", "per_seq_s", "per_kv_token_s", "per_prefill_token_s", "per_prefill_attn_s",
+              "kv_capacity_tokens", "weights_load_s", "idle_power_w", "max_power_w")
+)  # fmt: skip
 
 # replica states
 OFF, LOADING, WARM, DRAINING = 0, 1, 2, 3
