@@ -32,7 +32,7 @@ ANY = "*"
 #: put the uncertainty in its upper scenarios instead (`ForwardModel(unobserved_precision_risk=True)`).
 #: Measured on PJM (6 periods): 0.5 tempted the planner into a mid-window precision switch whose reloads
 #: cost more than the gain.
-PRECISION_CREDIT = 1.0
+PRECISION_CREDIT = 0.0
 #: Completions of a class a period needs before its TPOT quantiles update the learned tail (count).
 TAIL_MIN_REQUESTS = 200
 #: Quantile levels of the learned per-request TPOT tail (0-1).
