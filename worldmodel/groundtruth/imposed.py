@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,11 +27,8 @@ from optimizer.policy import History, Observations, Policy, PolicyContext, creat
 from streams.workload.builder import build_workload
 from worldmodel.cost import CostConfig
 from worldmodel.fleet import default_fleet
-from worldmodel.groundtruth import replay as replay_mod
-from worldmodel.groundtruth import state as gt_state
 from worldmodel.groundtruth.metrics import CLASSES, period_costs, request_outcomes
-from worldmodel.groundtruth.replay import RunResult, drain_limit_s, run_replay
-from worldmodel.groundtruth.scaler import TEL_DT
+from worldmodel.groundtruth.replay import RunResult, run_replay
 from worldmodel.validate_cli import RealizedClass, RealizedPeriod
 
 LOGGING_POLICY = "production"
@@ -105,38 +101,12 @@ def run_window(market: str, plan: Plan | None, args: argparse.Namespace) -> tupl
     policy = _Recording(ImposedPolicy(plan) if plan is not None else create(LOGGING_POLICY))
     period_s = float(args.period_minutes) * 60.0
     window_s = args.periods * period_s if args.periods else None  # a shortened window drains right after
-    horizon_s = drain_limit_s(wl, window_s or (wl.window.end - wl.window.start).total_seconds(), 3600.0)
-    with _telemetry_room(horizon_s):
-        run = run_replay(
-            wl, policy, default_fleet((market,)), period_s=period_s, window_s=window_s, keep_observations=True
-        )
+    run = run_replay(
+        wl, policy, default_fleet((market,)), period_s=period_s, window_s=window_s, keep_observations=True
+    )
     return run, policy.plans
 
 
-@contextmanager
-def _telemetry_room(horizon_s: float) -> Iterator[None]:
-    """Size the runtime's per-replica telemetry log for the whole horizon while replaying.
-
-    SiteRuntime allocates 64 telemetry rows per replica slot (640 s of a replica that is always live); past
-    that the engine silently stops logging, which truncates both the observation stream and the GPU-hours
-    metrics derive from it. Until runtime.py sizes the log itself, realize() replays with one row per slot
-    per 10 s tick over the horizon (a few tens of MB).
-    """
-    base = replay_mod.SiteRuntime
-
-    class _Roomy(base):  # type: ignore[misc,valid-type]
-        def __init__(self, *a: Any, **k: Any) -> None:
-            super().__init__(*a, **k)
-            old = self.logs
-            tel_cap = self.rep.pool.shape[0] * (int(horizon_s // TEL_DT) + 4)
-            if tel_cap > old.tel_t.shape[0]:
-                self.logs = gt_state.alloc_logs(old.completed.shape[0], tel_cap, old.ev_t.shape[0], old.site_t.shape[0])
-
-    replay_mod.SiteRuntime = _Roomy  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        replay_mod.SiteRuntime = base  # type: ignore[misc]
 
 
 def realize(market: str, plan: Plan | None, args: argparse.Namespace) -> Iterator[RealizedPeriod]:

@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 
 from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
-from worldmodel.fleet import DEFAULT_TP, GPU_INDEX, GPUS_PER_NODE, PRECISION_INDEX, GpuType, Site
+from worldmodel.fleet import DEFAULT_TP, GPU_INDEX, GPUS_PER_NODE, PRECISION_INDEX, SM_CLOCK_RANGE_MHZ, GpuType, Site
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.engine import TEL_DT, empty_heap, run_until
 from worldmodel.groundtruth.reconfigure import reload_replica
@@ -205,7 +205,7 @@ class SiteRuntime:
             self.pools.ceil[p] = pp.replica_ceiling
             self.pools.max_batch[p] = min(pp.max_batch, st.MAX_BATCH)
             self.pools.clock[p] = pp.sm_clock_mhz
-            self.pools.clock_max[p] = float(max_clock(g))
+            self.pools.clock_max[p] = float(SM_CLOCK_RANGE_MHZ[GpuType(g)][1])
             row = coef_row(m, g, int(self.pools.tp[p]), pp.precision, pp.sm_clock_mhz, self.physics)
             reload = self.plan is not None and prec != self.pools.prec[p]
             self.pools.prec[p] = prec
@@ -277,14 +277,3 @@ class SiteRuntime:
                 grown[name] = out
         if grown:
             self.logs = logs._replace(**grown)
-
-    def pending(self) -> int:
-        """Requests arrived but not done."""
-        ptr = int(self.si[st.S_ARR_PTR])
-        return ptr - int(self.logs.n_completed[0])
-
-
-def max_clock(gpu: str) -> int:
-    from worldmodel.fleet import SM_CLOCK_RANGE_MHZ
-
-    return SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1]

@@ -158,20 +158,14 @@ class Logs(NamedTuple):
     n_site: np.ndarray  # i8 [1]
 
 
-class Scalars(NamedTuple):
-    """Mutable scalars as 1-element arrays: index meanings in the S_* constants."""
-
-    f: np.ndarray  # f8
-    i: np.ndarray  # i8
-
-
+# Mutable scalars live in two arrays, sf (float64) and si (int64), indexed by these constants.
 # float scalars
 S_NOW, S_NEXT_TEL, S_NEXT_AS, S_NODE_OVERHEAD_H100, S_NODE_OVERHEAD_A100 = range(5)
 S_GAMMA, S_TOKEN_BUDGET, S_RELEASE_MARGIN, S_AS_TARGET, S_LOAD_POWER_FRAC = range(5, 10)
 N_FSCALARS = 10
 # int scalars
-S_ARR_PTR, S_ADMISSION, S_ROUTING, S_EDF, S_AUTOSCALE, S_RESERVED, S_HEAP_N, S_AS_TICK = range(8)
-S_RR = 8  # round-robin pointer of model m at S_RR + m (one per model: a shared one skews the rotation)
+S_ARR_PTR, S_ADMISSION, S_ROUTING, S_EDF, S_AUTOSCALE, S_HEAP_N, S_AS_TICK = range(7)
+S_RR = 7  # round-robin pointer of model m at S_RR + m (one per model: a shared one skews the rotation)
 MAX_MODELS = 8
 N_ISCALARS = S_RR + MAX_MODELS
 
