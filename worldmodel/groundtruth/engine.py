@@ -14,6 +14,7 @@ from numba import njit
 from worldmodel.groundtruth.queues import keyed_pop, keyed_push
 from worldmodel.groundtruth.replica import (
     cache_lookup,
+    credit_busy,
     finish_step,
     has_room,
     join,
@@ -212,11 +213,7 @@ def on_step_end(
     r: int,
     t: float,
 ) -> None:
-    # credit busy time of the finished step
-    start = max(rep.step_start[r], rep.busy_mark[r])
-    if t > start:
-        rep.busy_acc[r] += t - start
-    rep.busy_mark[r] = t
+    credit_busy(rep, r, t)
     rep.pfill_acc[r] += rep.step_cmp[r]
     finish_step(rep, r, req, t, logs.completed, logs.n_completed)
     while True:

@@ -128,10 +128,7 @@ class ObservationStream:
         g = logs.tel_gpu0[rows] + offs  # the GPUs the replica held when sampled
         power = logs.tel_power_w[rows]
         e = power * 10.0 * 1000.0  # mJ over the 10 s sample
-        cum = np.zeros_like(e)
-        for k in range(len(g)):  # cumulative counter per GPU in time order
-            self.energy_mj[g[k]] += e[k]
-            cum[k] = self.energy_mj[g[k]]
+        cum = self._energy_counter(g, e)
         node = rt.hw.g_node[g]
         gtype = np.array(["H100", "A100"])[rt.hw.g_type[g]]
         model = np.array([m for _, m, _ in rt.pool_keys])[rt.rep.pool[logs.tel_rep[rows]]]
@@ -161,6 +158,19 @@ class ObservationStream:
                 "kv_cache_usage_perc": logs.tel_kv[rows],
             }
         )
+
+    def _energy_counter(self, g: np.ndarray, e: np.ndarray) -> np.ndarray:
+        """Cumulative energy (mJ) per GPU after each of these samples (rows in time order), vectorized."""
+        order = np.argsort(g, kind="stable")  # per GPU, time order kept
+        gs, es = g[order], e[order]
+        first = np.r_[True, gs[1:] != gs[:-1]] if gs.size else np.zeros(0, bool)
+        cs = np.cumsum(es)
+        group_start = np.maximum.accumulate(np.where(first, np.arange(gs.size), 0)) if gs.size else gs
+        within = cs - (cs[group_start] - es[group_start])
+        cum = np.empty_like(e)
+        cum[order] = self.energy_mj[gs] + within
+        np.add.at(self.energy_mj, g, e)
+        return cum
 
     def fleet_events(self) -> pl.DataFrame:
         rt, logs = self.rt, self.rt.logs

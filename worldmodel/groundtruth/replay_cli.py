@@ -39,24 +39,6 @@ from worldmodel.groundtruth.replay import RunResult, run_replay
 from worldmodel.groundtruth.runtime import Physics
 from worldmodel.groundtruth.tuning import lead_in_fleet, tune_static
 
-HEADLINE = (
-    "offered",
-    "completed",
-    "sla_met",
-    "sla_violation_rate",
-    "unfinished",
-    "gp_per_dollar",
-    "tokens_sla_met_per_dollar",
-    "cost_usd",
-    "cost_usd_owned",
-    "gp_per_dollar_owned",
-    "energy_mwh",
-    "energy_share",
-    "gpu_hours",
-    "ttft_p99_ms",
-    "tpot_p99_ms",
-)
-
 
 def _csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]

@@ -53,6 +53,15 @@ def iteration_time(
 
 
 @njit(cache=True)
+def credit_busy(rep: Replicas, r: int, t: float) -> None:
+    """Credit replica r's in-flight iteration time up to t to its current telemetry tick (s)."""
+    start = max(rep.step_start[r], rep.busy_mark[r])
+    if t > start:
+        rep.busy_acc[r] += t - start
+    rep.busy_mark[r] = t
+
+
+@njit(cache=True)
 def cache_lookup(rep: Replicas, r: int, req: Requests, i: int) -> int:
     """Leading prefix blocks of request i resident in replica r's cache."""
     off = req.pfx_off[i]

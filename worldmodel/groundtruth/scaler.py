@@ -8,6 +8,7 @@ import math
 import numpy as np
 from numba import njit
 
+from worldmodel.groundtruth.replica import credit_busy
 from worldmodel.groundtruth.state import (
     ADM_HOLD,
     C_IDLE,
@@ -295,10 +296,7 @@ def telemetry_tick(
         p = rep.pool[r]
         s = pools.site[p]
         if rep.stepping[r] == 1:
-            start = max(rep.step_start[r], rep.busy_mark[r])
-            if t > start:
-                rep.busy_acc[r] += t - start
-            rep.busy_mark[r] = t
+            credit_busy(rep, r, t)
         util = min(1.0, rep.busy_acc[r] / TEL_DT)
         rep.busy_acc[r] = 0.0
         rep.pfill_util[r] = min(1.0, rep.pfill_acc[r] / TEL_DT)

@@ -170,32 +170,19 @@ MAX_MODELS = 8
 N_ISCALARS = S_RR + MAX_MODELS
 
 
+#: Logs fields holding integers (the rest are float64).
+_INT_LOG_FIELDS = frozenset({
+    "completed", "tel_rep", "tel_running", "tel_waiting", "tel_state", "tel_gpu0", "ev_rep", "ev_kind", "ev_gpu0",
+    "site_idx",
+})  # fmt: skip
+
+
 def alloc_logs(n_requests: int, tel_cap: int, ev_cap: int, site_cap: int) -> Logs:
-    f8, i8 = np.float64, np.int64
-    return Logs(
-        np.zeros(n_requests, i8),
-        np.zeros(1, i8),
-        np.zeros(tel_cap, f8),
-        np.zeros(tel_cap, i8),
-        np.zeros(tel_cap, f8),
-        np.zeros(tel_cap, f8),
-        np.zeros(tel_cap, f8),
-        np.zeros(tel_cap, f8),
-        np.zeros(tel_cap, i8),
-        np.zeros(tel_cap, i8),
-        np.zeros(tel_cap, f8),
-        np.zeros(tel_cap, i8),
-        np.zeros(tel_cap, i8),
-        np.zeros(1, i8),
-        np.zeros(ev_cap, f8),
-        np.zeros(ev_cap, i8),
-        np.zeros(ev_cap, i8),
-        np.zeros(ev_cap, i8),
-        np.zeros(1, i8),
-        np.zeros(site_cap, f8),
-        np.zeros(site_cap, f8),
-        np.zeros(site_cap, f8),
-        np.zeros(site_cap, f8),
-        np.zeros(site_cap, i8),
-        np.zeros(1, i8),
-    )
+    """Empty logs: counters n_* of one element, the rest sized by their prefix's capacity."""
+    size = {"tel_": tel_cap, "ev_": ev_cap, "site_": site_cap, "completed": n_requests, "n_": 1}
+    arrays = {}
+    for name in Logs._fields:
+        n = next(v for k, v in size.items() if name.startswith(k))
+        is_int = name.startswith("n_") or name in _INT_LOG_FIELDS
+        arrays[name] = np.zeros(n, np.int64 if is_int else np.float64)
+    return Logs(**arrays)
