@@ -20,9 +20,9 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from optimizer.audit_grid import audit_grid, grid_size, run_audit
-from optimizer.candidates import GenerationInputs, generate
+from optimizer.candidates import GPU_RATE_USD_H, GenerationInputs, generate
 from optimizer.decision_record import build_record
-from optimizer.deferral_lp import plan_deferral, risk_adjusted_price
+from optimizer.deferral_lp import DeferralSchedule, plan_deferral, risk_adjusted_price
 from optimizer.fallback import Decision, Scored, confidence_fallback, decide
 from optimizer.gates import GateConfig, GateContext, hard_gates
 from optimizer.levers import LeverSpace, lever_space, plan_key
@@ -157,9 +157,14 @@ class AureliusPolicy(Policy):
         forecasts = self.forecast_provider.forecast(as_of, self.horizon_periods)
         serving = self.world_model.serving()
         evaluate = self.world_model.evaluator(as_of, forecasts[0])
-        objective = Objective(self.risk_aversion, _future_price_ratio(forecasts, self.risk_aversion))
+        schedule = None
+        if self.mode in ("full", "fixed-grid"):
+            schedule = plan_deferral(forecasts, self._previous, serving, self._observed.slack_quantiles(),
+                                     risk_aversion=self.risk_aversion, gpu_usd_per_gpu_h=GPU_RATE_USD_H)
+        objective = Objective(self.risk_aversion, _future_price_ratio(forecasts, self.risk_aversion),
+                              schedule.carry_usd_per_request if schedule else None)
         tenants = self._observed.tenants()
-        space = self._space(ref_plan, tenants)
+        space = self._space(ref_plan, tenants, schedule)
         gctx = GateContext(self._ctx.fleet, forecasts[0], self._previous, tenants, serving)
         memo: dict[tuple[object, ...], Scored] = {}
 
@@ -182,7 +187,7 @@ class AureliusPolicy(Policy):
         if why is not None:
             decision = Decision(reference.plan, reference.outcome, True, why, reference.gates)
         else:
-            cands = self._candidates(as_of, forecasts, ref_plan, space, serving)
+            cands = self._candidates(as_of, forecasts, ref_plan, space, serving, schedule)
             cands[1:1] = [replace(p, label=f"reference:{p.label}") for p in other_refs]
             result = search(cands, score, space, self.search_config, n_grid)
             decision = decide(result.ranked, reference, objective, self.gate_config.pareto_tolerance_pp)
@@ -209,7 +214,7 @@ class AureliusPolicy(Policy):
         self._previous = plan
         return plan
 
-    def _space(self, ref_plan: Plan, tenants: dict[str, Any]) -> LeverSpace:
+    def _space(self, ref_plan: Plan, tenants: dict[str, Any], schedule: DeferralSchedule | None) -> LeverSpace:
         assert self._ctx is not None
         by_model: dict[str, list[str]] = {}
         for t, ten in tenants.items():
@@ -219,17 +224,15 @@ class AureliusPolicy(Policy):
                             {m: tuple(ts) for m, ts in by_model.items()})
         if self.mode == "clock-only":
             space = replace(space, admissions=(ref_plan.batch_admission,))
-        elif self.mode == "no-deferral":  # deferrable work waits only under pressure, as deployed
+        elif self.mode == "no-deferral" or schedule is None:  # deferrable work waits only under pressure
             space = replace(space, admissions=(BatchAdmission.PRESSURE,))
+        else:  # timing is the deferral LP's call (it prices holding over the horizon; one period cannot)
+            space = replace(space, admissions=tuple(dict.fromkeys((schedule.admission(), BatchAdmission.PRESSURE))))
         return space
 
     def _candidates(self, as_of: datetime, forecasts: tuple[DisturbanceForecast, ...], ref_plan: Plan,
-                    space: LeverSpace, serving: ServingModel) -> list[Plan]:
+                    space: LeverSpace, serving: ServingModel, schedule: DeferralSchedule | None) -> list[Plan]:
         assert self._ctx is not None and self._previous is not None
-        schedule = None
-        if self.mode in ("full", "fixed-grid"):
-            schedule = plan_deferral(forecasts, self._previous, serving, self._observed.slack_quantiles(),
-                                     risk_aversion=self.risk_aversion)
         inp = GenerationInputs(
             fleet=self._ctx.fleet, space=space, reference=ref_plan, previous=self._previous,
             forecasts=forecasts, price_history_usd_mwh=self._observed.price_history(as_of),

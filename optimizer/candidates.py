@@ -116,7 +116,7 @@ def generate(inp: GenerationInputs, mode: str = "full") -> list[Plan]:
     inp : the regime's inputs and the plans in play.
     mode : "full", "no-deferral", "fixed-grid" (same bundles) or "clock-only" (reference x clock steps).
     """
-    out: list[Plan] = [replace(inp.reference, label="reference"), replace(inp.previous, label="previous")]
+    out: list[Plan] = [replace(inp.reference, label="reference"), _previous(inp)]
     if mode == "clock-only":
         for i in range(len(inp.space.pools[0].clocks_mhz)):
             out.append(_at_clock_level(inp.reference, inp.space, i, "reference@clock"))
@@ -151,6 +151,22 @@ def generate(inp: GenerationInputs, mode: str = "full") -> list[Plan]:
         ]
         out.append(replace(inp.reference, batch_admission=inp.admission, label="reference+deferral"))
     return _dedupe(out)
+
+
+def _previous(inp: GenerationInputs) -> Plan:
+    """The plan in force, re-bounded: its precision, batch, clock and admission, with the reference's floors
+    and ceilings where it autoscales. A floor is re-decided every period (the MILP plans size one for the
+    coming demand); carried forward it would pin replicas the autoscaler would otherwise release."""
+    prev = inp.previous
+    if not prev.autoscale:
+        return replace(prev, label="previous")
+    ref = {p.key: p for p in inp.reference.pools}
+    pools = tuple(
+        replace(p, replica_floor=ref[p.key].replica_floor, replica_ceiling=ref[p.key].replica_ceiling)
+        if p.key in ref else p
+        for p in prev.pools
+    )
+    return replace(prev.with_pools(pools), label="previous")
 
 
 def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed: bool, target_u: float) -> Plan | None:

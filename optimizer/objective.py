@@ -3,7 +3,9 @@
 Per period, with C = deferred work carried over (requests), S = SLA-met requests, K = cost ($) and
 N = served requests, all from the forward model's PredictedOutcome:
 
-    c_carry = (K / N) * ((1 - e) + e * pi)          cost of a carried request when it runs later ($)
+    c_carry = (K / N) * ((1 - e) + e * pi)          cost of a carried request when it runs later ($), unless
+                                                    the deferral LP priced it (its energy at the horizon's
+                                                    price plus its GPU time: `carry_usd_per_request`)
     g       = (S + C) / (K + C * c_carry)            carry-adjusted gp/$ (requests/$)
     g_lo    = g * gp/$_lo / gp/$                     its pessimistic bound
     score   = (1 - rho) * g + rho * g_lo
@@ -27,7 +29,8 @@ from worldmodel.forecast_types import PredictedOutcome
 class Objective:
     """Risk-adjusted, carry-adjusted gp/$ (requests/$).
 
-    risk_aversion : rho (0-1); future_price_ratio : pi (ratio, > 0).
+    risk_aversion : rho (0-1); future_price_ratio : pi (ratio, > 0); carry_usd_per_request : the deferral LP's
+    cost of one carried deferrable request ($; None: the period's mean cost per request scaled by pi).
 
     Examples
     --------
@@ -39,6 +42,7 @@ class Objective:
 
     risk_aversion: float = 0.5
     future_price_ratio: float = 1.0
+    carry_usd_per_request: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.risk_aversion <= 1.0:
@@ -51,7 +55,8 @@ class Objective:
             return o.gp_per_dollar
         served = sum(c.served for c in o.classes)
         e = o.energy_cost_usd / o.cost_usd if o.cost_usd else 0.0
-        c_carry = o.cost_usd / max(served, 1.0) * ((1.0 - e) + e * self.future_price_ratio)
+        c_carry = (o.cost_usd / max(served, 1.0) * ((1.0 - e) + e * self.future_price_ratio)
+                   if self.carry_usd_per_request is None else self.carry_usd_per_request)
         return (o.sla_met + carry) / (o.cost_usd + carry * c_carry)
 
     def score(self, o: PredictedOutcome) -> float:

@@ -3,8 +3,10 @@
 A queueing approximation with batching, not a per-request simulation. Per pool (model x GPU type x site):
 
 1. replicas: the autoscaler's count ceil(lambda / (target x mu_r)) clamped to [floor, ceiling]
-   (the floor when autoscaling is off); scale-down waits out its 300 s stabilization (a whole period);
-   new replicas and precision reloads hold their GPUs for the load time while serving nothing;
+   (the floor when autoscaling is off); existing replicas stay through the 300 s stabilization unless the
+   autoscaler's metric over the last minute already asks for fewer;
+   new replicas and precision reloads hold their GPUs for the load time while serving nothing (a reload
+   takes the whole pool at once, as the runtime does, so what arrives meanwhile queues);
 2. batch: Little's law, B = lambda_r x (T_prefill + n_out x TPOT(B)), solved by fixed point and capped by
    max_batch and the KV capacity; TPOT = t_decode(B) / (1 - lambda_r x T_prefill) (chunked prefill steals
    iteration time);
@@ -58,6 +60,8 @@ class _Pool:
     load_s: float
     loading_left_s: tuple[float, ...]
     chunk_s: float  # compute time of one full chunked-prefill budget (s)
+    busy_slots: float = 0.0  # sequences running over the warm replicas in the last minute (count)
+    slots: float = 0.0  # batch slots of the warm replicas as configured (count)
 
 
 @dataclass
@@ -187,7 +191,8 @@ class ForwardModel:
             return _Pool(p, cfg, current, 0, load_s, (), chunk_s)
         left = tuple(max(load_s - e, 0.0) for e in state.loading_elapsed_s)
         reloads = state.warm + state.loading if state.precision != p.precision else 0
-        return _Pool(p, cfg, state.warm + state.loading, reloads, load_s, left, chunk_s)
+        return _Pool(p, cfg, state.warm + state.loading, reloads, load_s, left, chunk_s,
+                     state.warm * state.running, float(state.warm * state.max_batch))
 
     def _scenario(
         self,
@@ -356,8 +361,9 @@ class ForwardModel:
         """Replicas per pool of one model, as the runtime's autoscaler places them (count).
 
         The model's desired count is what keeps the replicas at the autoscale target, clamped to the plan's
-        summed floor and ceiling. Scale-up is immediate; scale-down waits out the 300 s stabilization window,
-        which spans the period, so existing replicas are kept (a measured half-period decay fit worse). The count
+        summed floor and ceiling. Scale-up is immediate; existing replicas are kept through the period (the 300 s
+        stabilization window spans it; a measured half-period decay fit worse) unless the autoscaler's own metric
+        already asks for fewer (`_kept`). The count
         is split floors first, then existing replicas, then growth in the plan's pool order, each pool
         within its ceiling and the GPUs left of its type (the inventory).
         """
@@ -365,8 +371,7 @@ class ForwardModel:
         if plan.autoscale:
             mu_pref = mus[0] if mus else 0.0
             need = math.ceil(lam / max(plan.autoscale_target * mu_pref, 1e-12)) if lam > 0 else 0
-            current = sum(p.current for p in pools)
-            desired = float(max(need, current))
+            desired = float(max(need, ForwardModel._kept(pools, plan.autoscale_target)))
             desired = min(max(desired, sum(floors)), sum(p.plan.replica_ceiling for p in pools))
         else:
             desired = float(sum(floors))
@@ -390,6 +395,18 @@ class ForwardModel:
                 grow(k, p.plan.replica_ceiling)
         return counts
 
+    @staticmethod
+    def _kept(pools: list[_Pool], target: float) -> int:
+        """Replicas the autoscaler keeps through the period (count): the existing ones, unless its own metric
+        over the last minute (running sequences / batch slots of the warm replicas) already asks for fewer, in
+        which case scale-down to that count starts once the stabilization window has seen it."""
+        current = sum(p.current for p in pools)
+        slots = sum(p.slots for p in pools)
+        busy = sum(p.busy_slots for p in pools)
+        if slots <= 0.0 or busy <= 0.0:  # nothing observed: no evidence for a scale-down
+            return current
+        return min(current, math.ceil(current * busy / slots / max(target, 1e-9)))
+
     def _serve_pool(
         self,
         sm: ServingModel,
@@ -407,6 +424,8 @@ class ForwardModel:
         starting = max(n - p.current, 0)
         lost = starting * min(p.load_s + 15.0, T) + sum(min(x, T) for x in p.loading_left_s)
         lost += min(p.reloads, n) * min(p.load_s, T)
+        if p.reloads > 0:  # the runtime reloads the whole pool at once: what arrives meanwhile queues
+            q0 += lam * min(p.load_s, T) * min(p.reloads, n) / max(n, 1.0)
         serving = max(n - lost / T, 0.0)
         loading = n - serving
         ctx = load.n_in + load.n_out / 2.0

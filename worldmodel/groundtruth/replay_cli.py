@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from optimizer.decision_record import decision_id
 from optimizer.policy import create
-from optimizer.wiring import AURELIUS_ARMS, build_policy
+from optimizer.wiring import build_policy
 from streams.workload.builder import Workload, build_workload
 from streams.workload.residency import assign_residency
 from worldmodel.fleet import default_fleet
@@ -151,7 +151,7 @@ def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
     window = {"start": w.start.isoformat(), "end": w.end.isoformat(), "mean_price_usd_mwh": w.mean_price_usd_mwh,
               "rule": w.rule, "year": job.year}  # fmt: skip
     tuning = None
-    if "production-tuned" in job.policies or any(p in AURELIUS_ARMS for p in job.policies):
+    if "production-tuned" in job.policies:
         tuning = tune_static(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
                              period_minutes=args.period_minutes)  # fmt: skip
         window["production_tuned"] = {"config": tuning.config, "tuned_on": tuning.window_start.isoformat(),
@@ -190,14 +190,11 @@ def _one(
     tuned: tuple[str, int, float] | None,
     initial: dict[tuple[str, str, str], int],
 ) -> RunResult:
-    """One replay; production-tuned (and the aurelius arms' Pareto reference) run the configuration measured
-    best on the week before (`tuned`)."""
+    """One replay; production-tuned runs the configuration measured best on the week before (`tuned`)."""
     if name == "production-tuned":
         policy = create(name, config=tuned)
     else:
-        extra = {"reference_policy": create("production-tuned", config=tuned)} if name in AURELIUS_ARMS else {}
-        policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0, window_periods=args.periods,
-                              **extra)  # fmt: skip
+        policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0, window_periods=args.periods)
     bar = tqdm(desc=f"{key} {name} seed {seed}", unit="period", disable=args.no_progress, leave=False)
     try:
         return run_replay(
