@@ -26,7 +26,7 @@ def clock_steps(gpu: str, n: int = 5) -> tuple[int, ...]:
     Parameters
     ----------
     gpu : GPU type name ("H100", "A100").
-    n : number of steps (count, >= 2).
+    n : number of steps (count, >= 1; 1 is the maximum clock alone).
 
     Returns
     -------
@@ -38,6 +38,10 @@ def clock_steps(gpu: str, n: int = 5) -> tuple[int, ...]:
     (1005, 1215, 1410)
     """
     lo, hi = SM_CLOCK_RANGE_MHZ[GpuType(gpu)]
+    if n < 1:
+        raise ValueError(f"clock steps must be >= 1, got {n}")
+    if n == 1:
+        return (hi,)
     g = CLOCK_GRANULARITY_MHZ
     inner = [lo + round((hi - lo) * i / (n - 1) / g) * g for i in range(1, n - 1)]
     return (lo, *inner, hi)

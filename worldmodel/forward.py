@@ -337,7 +337,8 @@ class ForwardModel:
         lam = load.lam_i + load.lam_b
         mus = [self._mu_replica(sm, p, load) for p in pools]
         counts = self._place(plan, pools, mus, lam, free)
-        weights = [m * n for m, n in zip(mus, counts, strict=True)]
+        # the router sends work to warm replicas only: a pool's share follows its serving capacity
+        weights = [m * _serving(p, n, T) for p, m, n in zip(pools, mus, counts, strict=True)]
         total = sum(weights)
         return [
             self._serve_pool(
@@ -420,13 +421,9 @@ class ForwardModel:
         T: float,
     ) -> _PoolResult:
         pp = p.plan
-        # replica-seconds not serving: new replicas loading, in-flight loads, precision reloads (rolling)
-        starting = max(n - p.current, 0)
-        lost = starting * min(p.load_s + 15.0, T) + sum(min(x, T) for x in p.loading_left_s)
-        lost += min(p.reloads, n) * min(p.load_s, T)
+        serving = _serving(p, n, T)
         if p.reloads > 0:  # the runtime reloads the whole pool at once: what arrives meanwhile queues
             q0 += lam * min(p.load_s, T) * min(p.reloads, n) / max(n, 1.0)
-        serving = max(n - lost / T, 0.0)
         loading = n - serving
         ctx = load.n_in + load.n_out / 2.0
         t_pf = sm.prefill_s(p.cfg, load.n_in)
@@ -551,6 +548,15 @@ class _Scenario:
         self.classes.append(c)
         self.by_class[c.request_class] = c
         self.sla_met += sla_met
+
+
+def _serving(p: _Pool, n: float, T: float) -> float:
+    """Replicas of a pool serving on average over the period (count): n less the replica-seconds spent loading
+    (new replicas, loads in flight, precision reloads) / T."""
+    starting = max(n - p.current, 0)
+    lost = starting * min(p.load_s + 15.0, T) + sum(min(x, T) for x in p.loading_left_s)
+    lost += min(p.reloads, n) * min(p.load_s, T)
+    return max(n - lost / T, 0.0)
 
 
 def _rate(d: ClassDemand, scenario: str) -> float:
