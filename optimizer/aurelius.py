@@ -65,6 +65,10 @@ class WorldModelPort(Protocol):
 
     def serving(self) -> ServingModel: ...
 
+    def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
+        """Warm + loading replicas per (site, model, gpu) as of `as_of` ({} when unknown)."""
+        ...
+
 
 @register("aurelius")
 class AureliusPolicy(Policy):
@@ -204,7 +208,8 @@ class AureliusPolicy(Policy):
             cands = self._candidates(as_of, forecasts, ref_plan, space, serving, schedule)
             cands[1:1] = [replace(p, label=f"reference:{p.label}") for p in other_refs]
             result = search(cands, score, space, self.search_config, n_grid)
-            decision = decide(result.ranked, reference, objective, self.gate_config.pareto_tolerance_pp)
+            decision = decide(result.ranked, reference, objective, self.gate_config.pareto_tolerance_pp,
+                              self.gate_config.pareto_min_gain)
         decision_ms = (time.perf_counter() - t0) * 1e3
         decision_cpu_ms = (time.process_time() - c0) * 1e3  # CPU of this process: robust to a shared machine
         audit = None
@@ -254,7 +259,7 @@ class AureliusPolicy(Policy):
             tpot_slo_s=self._observed.tpot_slo_s, admission=schedule.admission() if schedule else None,
             swap_budget=self.gate_config.swap_budget, risk_aversion=self.risk_aversion,
             deferrable_release_rps=schedule.release[0] / forecasts[0].period_s if schedule else None,
-            serving=serving,
+            serving=serving, current_replicas=self.world_model.replicas(as_of),
         )
         return generate(inp, self.mode)
 

@@ -69,6 +69,7 @@ class GenerationInputs:
     swap_budget : replicas that may change per period (count).
     deferrable_class, deferrable_release_rps : the deferrable class and the rate the deferral schedule
         releases this period (requests/s); None sizes for its forecast arrivals as they come.
+    current_replicas : warm + loading replicas per pool now (count; empty when unknown).
     """
 
     fleet: FleetSpec
@@ -84,6 +85,7 @@ class GenerationInputs:
     deferrable_class: str = "batch"
     deferrable_release_rps: float | None = None
     serving: ServingModel = field(default_factory=ServingModel)
+    current_replicas: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
 
 
 def read_regime(inp: GenerationInputs) -> Regime:
@@ -211,6 +213,7 @@ def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed:
         return None
     surge = _surge_ratio(now)
     ref_ceiling = {p.key: p.replica_ceiling for p in inp.reference.pools}
+    floors = _prewarm_floors(inp, {q.key: sol.replicas[q.key] for q in pools})
     sized = []
     for q in pools:
         n = sol.replicas[q.key]
@@ -219,8 +222,25 @@ def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed:
         ceiling = min(
             inp.space.pool(q.key).max_replicas, max(math.ceil(n * surge) + (1 if n else 0), ref_ceiling.get(q.key, 0))
         )
-        sized.append(replace(q, replica_floor=n, replica_ceiling=ceiling))
+        sized.append(replace(q, replica_floor=floors[q.key], replica_ceiling=ceiling))
     return replace(inp.reference.with_pools(tuple(sized)), label=label)
+
+
+def _prewarm_floors(inp: GenerationInputs, sized: dict[tuple[str, str, str], int]) -> dict[tuple[str, str, str], int]:
+    """Floors from the MILP's counts only for a model it sizes above the replicas running now (a pre-warm the
+    autoscaler would not do yet); for the others the reference's floors. A floor at or below the running count
+    adds nothing this period, and it persists: it pins replicas the autoscaler would release when demand falls,
+    and a floor raised on one pool while the model's total stays moves replicas (the runtime stops one with its
+    sequences in flight; requeued, they trip the backlog trigger; CAISO, 1 h, seed 1: 36.6 -> 68.5 GPUs)."""
+    ref = {p.key: p.replica_floor for p in inp.reference.pools}
+    if not inp.current_replicas:  # unknown: the MILP's counts as they are
+        return dict(sized)
+    out = {}
+    for model in {k[1] for k in sized}:
+        keys = [k for k in sized if k[1] == model]
+        prewarm = sum(sized[k] for k in keys) > sum(inp.current_replicas.get(k, 0) for k in keys)
+        out.update({k: sized[k] if prewarm else min(sized[k], ref.get(k, 0)) for k in keys})
+    return out
 
 
 def _at_clock_level(plan: Plan, space: LeverSpace, level: int, label: str) -> Plan:

@@ -155,6 +155,10 @@ class WorldStateModel:
         gpus = {(s.name, str(g.gpu)): s.gpus(g.gpu) for s in self._ctx.fleet.sites for g in s.groups}
         return replace(snap, gpus=gpus)
 
+    def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
+        """Warm + loading replicas per (site, model, gpu) as of `as_of`, from the state."""
+        return {p.key: p.warm + p.loading for p in self.snapshot(as_of).pools}
+
     def evaluator(self, as_of: datetime, forecast: DisturbanceForecast) -> Callable[[Plan], PredictedOutcome]:
         fm = ForwardModel(self._prior, self.cost_config)
         snap = self.snapshot(as_of)

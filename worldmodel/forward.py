@@ -3,8 +3,7 @@
 A queueing approximation with batching, not a per-request simulation. Per pool (model x GPU type x site):
 
 1. replicas: the autoscaler's count ceil(lambda / (target x mu_r)) clamped to [floor, ceiling]
-   (the floor when autoscaling is off); existing replicas stay through the 300 s stabilization unless the
-   autoscaler's metric over the last minute already asks for fewer;
+   (the floor when autoscaling is off); scale-down waits out its 300 s stabilization (a whole period);
    new replicas and precision reloads hold their GPUs for the load time while serving nothing (a reload
    takes the whole pool at once, as the runtime does, so what arrives meanwhile queues);
 2. batch: Little's law, B = lambda_r x (T_prefill + n_out x TPOT(B)), solved by fixed point and capped by
@@ -60,8 +59,6 @@ class _Pool:
     load_s: float
     loading_left_s: tuple[float, ...]
     chunk_s: float  # compute time of one full chunked-prefill budget (s)
-    busy_slots: float = 0.0  # sequences running over the warm replicas in the last minute (count)
-    slots: float = 0.0  # batch slots of the warm replicas as configured (count)
 
 
 @dataclass
@@ -191,8 +188,7 @@ class ForwardModel:
             return _Pool(p, cfg, current, 0, load_s, (), chunk_s)
         left = tuple(max(load_s - e, 0.0) for e in state.loading_elapsed_s)
         reloads = state.warm + state.loading if state.precision != p.precision else 0
-        return _Pool(p, cfg, state.warm + state.loading, reloads, load_s, left, chunk_s,
-                     state.warm * state.running, float(state.warm * state.max_batch))
+        return _Pool(p, cfg, state.warm + state.loading, reloads, load_s, left, chunk_s)
 
     def _scenario(
         self,
@@ -318,6 +314,17 @@ class ForwardModel:
         load.lam_b = released / T
         return load, (released, waiting - released, missed)
 
+    @staticmethod
+    def _util_per_request(sm: ServingModel, p: _Pool, load: _Load) -> float:
+        """Replica-seconds of the autoscaler's metric one request adds (s): the runtime's utilization is batch
+        slots held (running / max_batch) plus the share of time in prefill, so a request holds a slot for
+        T_prefill + n_out x TPOT and the replica's compute for T_prefill (TPOT at the batch the target implies)."""
+        ctx = load.n_in + load.n_out / 2.0
+        t_pf = sm.prefill_s(p.cfg, load.n_in)
+        b = max(min(p.plan.max_batch, sm.kv_capacity_tokens(p.cfg) / max(ctx, 1.0)), 1.0)
+        t_dec = sm.decode_step_s(p.cfg, 0.8 * b, ctx)
+        return (t_pf + load.n_out * t_dec) / max(p.plan.max_batch, 1) + t_pf
+
     def _mu_replica(self, sm: ServingModel, p: _Pool, load: _Load) -> float:
         """Throughput of one replica at its full batch (req/s)."""
         ctx = load.n_in + load.n_out / 2.0
@@ -336,7 +343,8 @@ class ForwardModel:
     ) -> list[_PoolResult]:
         lam = load.lam_i + load.lam_b
         mus = [self._mu_replica(sm, p, load) for p in pools]
-        counts = self._place(plan, pools, mus, lam, free)
+        util_s = self._util_per_request(sm, pools[0], load) if pools else 0.0
+        counts = self._place(plan, pools, mus, lam, free, util_s)
         # the router sends work to warm replicas only: a pool's share follows its serving capacity
         weights = [m * _serving(p, n, T) for p, m, n in zip(pools, mus, counts, strict=True)]
         total = sum(weights)
@@ -357,22 +365,26 @@ class ForwardModel:
 
     @staticmethod
     def _place(
-        plan: Plan, pools: list[_Pool], mus: list[float], lam: float, free: dict[tuple[str, str], float]
+        plan: Plan, pools: list[_Pool], mus: list[float], lam: float, free: dict[tuple[str, str], float],
+        util_s: float = 0.0,
     ) -> list[float]:
         """Replicas per pool of one model, as the runtime's autoscaler places them (count).
 
-        The model's desired count is what keeps the replicas at the autoscale target, clamped to the plan's
-        summed floor and ceiling. Scale-up is immediate; existing replicas are kept through the period (the 300 s
-        stabilization window spans it; a measured half-period decay fit worse) unless the autoscaler's own metric
-        already asks for fewer (`_kept`). The count
+        The model's desired count is what keeps the replicas at the autoscale target (by throughput, and by the
+        runtime's own metric: batch slots held plus prefill share, `util_s` per request), clamped to the plan's
+        summed floor and ceiling. Scale-up is immediate; scale-down waits out the 300 s stabilization window,
+        which spans the period, so existing replicas are kept. Tried and measured worse: a half-period decay;
+        scaling down to what the telemetry's running sequences per batch slot ask for (it misses the prefill
+        share of the runtime's metric and predicted the reference's 8B pool to collapse to one replica); the
+        same plus the GPU busy share (always 1.0 on a decoding 70B pool, so no scale-down there). The count
         is split floors first, then existing replicas, then growth in the plan's pool order, each pool
         within its ceiling and the GPUs left of its type (the inventory).
         """
         floors = [p.plan.replica_floor for p in pools]
         if plan.autoscale:
             mu_pref = mus[0] if mus else 0.0
-            need = math.ceil(lam / max(plan.autoscale_target * mu_pref, 1e-12)) if lam > 0 else 0
-            desired = float(max(need, ForwardModel._kept(pools, plan.autoscale_target)))
+            need = math.ceil(lam * max(1.0 / max(mu_pref, 1e-12), util_s) / plan.autoscale_target) if lam > 0 else 0
+            desired = float(max(need, sum(p.current for p in pools)))
             desired = min(max(desired, sum(floors)), sum(p.plan.replica_ceiling for p in pools))
         else:
             desired = float(sum(floors))
@@ -395,18 +407,6 @@ class ForwardModel:
             for k, p in enumerate(pools):
                 grow(k, p.plan.replica_ceiling)
         return counts
-
-    @staticmethod
-    def _kept(pools: list[_Pool], target: float) -> int:
-        """Replicas the autoscaler keeps through the period (count): the existing ones, unless its own metric
-        over the last minute (running sequences / batch slots of the warm replicas) already asks for fewer, in
-        which case scale-down to that count starts once the stabilization window has seen it."""
-        current = sum(p.current for p in pools)
-        slots = sum(p.slots for p in pools)
-        busy = sum(p.busy_slots for p in pools)
-        if slots <= 0.0 or busy <= 0.0:  # nothing observed: no evidence for a scale-down
-            return current
-        return min(current, math.ceil(current * busy / slots / max(target, 1e-9)))
 
     def _serve_pool(
         self,

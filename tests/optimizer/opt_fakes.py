@@ -125,6 +125,9 @@ class FakeWorld:
 
         return evaluate
 
+    def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
+        return {}
+
     def serving(self) -> ServingModel:
         return ServingModel()
 
