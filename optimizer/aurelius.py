@@ -7,7 +7,7 @@ and the confidence fallback, return the chosen plan and keep an audit record; th
 latency, score the independent audit grid and record the regret.
 
 Everything it depends on is injected: a `ForecastProvider` (the forecasters, or an oracle fed the realized
-future), a `WorldModelPort` (state + forward model: `evaluator(as_of, forecast)` returns
+future), a `WorldModelPort` (state + forward model: `evaluator(as_of, forecast, in_force)` returns
 `plan -> PredictedOutcome`) and the reference policy (by registry name, or an instance).
 """
 
@@ -60,7 +60,10 @@ class WorldModelPort(Protocol):
 
     def update(self, obs: Observations) -> None: ...
 
-    def evaluator(self, as_of: datetime, forecast: DisturbanceForecast) -> Callable[[Plan], PredictedOutcome]:
+    def evaluator(self, as_of: datetime, forecast: DisturbanceForecast,
+                  in_force: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
+        """A read-only scorer of plans for the period starting at `as_of`; `in_force` is the plan the runtime
+        runs now (its floors hold replicas a new plan may release)."""
         ...
 
     def serving(self) -> ServingModel: ...
@@ -173,7 +176,7 @@ class AureliusPolicy(Policy):
         assert self._ctx is not None and self.forecast_provider is not None and self.world_model is not None
         forecasts = self.forecast_provider.forecast(as_of, self.horizon_periods)
         serving = self.world_model.serving()
-        evaluate = self.world_model.evaluator(as_of, forecasts[0])
+        evaluate = self.world_model.evaluator(as_of, forecasts[0], self._previous)
         schedule = None
         if self.mode in ("full", "fixed-grid"):
             schedule = plan_deferral(forecasts, self._previous, serving, self._observed.slack_quantiles(),

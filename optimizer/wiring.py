@@ -159,9 +159,12 @@ class WorldStateModel:
         """Warm + loading replicas per (site, model, gpu) as of `as_of`, from the state."""
         return {p.key: p.warm + p.loading for p in self.snapshot(as_of).pools}
 
-    def evaluator(self, as_of: datetime, forecast: DisturbanceForecast) -> Callable[[Plan], PredictedOutcome]:
+    def evaluator(self, as_of: datetime, forecast: DisturbanceForecast,
+                  in_force: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
         fm = ForwardModel(self._prior, self.cost_config)
         snap = self.snapshot(as_of)
+        if in_force is not None:
+            snap = replace(snap, floors={p.key: p.replica_floor for p in in_force.pools})
         if not self._observed_fleet:  # the first plan is pre-warmed by the runtime: its floors start warm
 
             def prewarmed(plan: Plan) -> PredictedOutcome:

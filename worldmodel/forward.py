@@ -59,6 +59,7 @@ class _Pool:
     load_s: float
     loading_left_s: tuple[float, ...]
     chunk_s: float  # compute time of one full chunked-prefill budget (s)
+    released: int = 0  # replicas held only by the in-force plan's floor that this plan's floor lets go (count)
 
 
 @dataclass
@@ -188,7 +189,9 @@ class ForwardModel:
             return _Pool(p, cfg, current, 0, load_s, (), chunk_s)
         left = tuple(max(load_s - e, 0.0) for e in state.loading_elapsed_s)
         reloads = state.warm + state.loading if state.precision != p.precision else 0
-        return _Pool(p, cfg, state.warm + state.loading, reloads, load_s, left, chunk_s)
+        current = state.warm + state.loading
+        released = max(min(current, snap.floors.get(p.key, 0)) - p.replica_floor, 0)
+        return _Pool(p, cfg, current, reloads, load_s, left, chunk_s, released)
 
     def _scenario(
         self,
@@ -373,10 +376,12 @@ class ForwardModel:
         The model's desired count is what keeps the replicas at the autoscale target (by throughput, and by the
         runtime's own metric: batch slots held plus prefill share, `util_s` per request), clamped to the plan's
         summed floor and ceiling. Scale-up is immediate; scale-down waits out the 300 s stabilization window,
-        which spans the period, so existing replicas are kept. Tried and measured worse: a half-period decay;
-        scaling down to what the telemetry's running sequences per batch slot ask for (it misses the prefill
-        share of the runtime's metric and predicted the reference's 8B pool to collapse to one replica); the
-        same plus the GPU busy share (always 1.0 on a decoding 70B pool, so no scale-down there). The count
+        which spans the period, so existing replicas are kept, except those only the in-force plan's floor held
+        (`snapshot.floors`) that this plan's floor lets go: the autoscaler's history of desired counts is taken
+        before the floor clamp, so it releases them at once unless its own count needs them. Tried and measured
+        worse: a half-period decay; scaling down to what the telemetry's running sequences per batch slot ask
+        for (it misses the prefill share of the runtime's metric and predicted the reference's 8B pool to
+        collapse to one replica); the same plus the GPU busy share (always 1.0 on a decoding 70B pool). The count
         is split floors first, then existing replicas, then growth in the plan's pool order, each pool
         within its ceiling and the GPUs left of its type (the inventory).
         """
@@ -384,7 +389,7 @@ class ForwardModel:
         if plan.autoscale:
             mu_pref = mus[0] if mus else 0.0
             need = math.ceil(lam * max(1.0 / max(mu_pref, 1e-12), util_s) / plan.autoscale_target) if lam > 0 else 0
-            desired = float(max(need, sum(p.current for p in pools)))
+            desired = float(max(need, sum(p.current - p.released for p in pools)))
             desired = min(max(desired, sum(floors)), sum(p.plan.replica_ceiling for p in pools))
         else:
             desired = float(sum(floors))
@@ -402,7 +407,8 @@ class ForwardModel:
         for k in range(len(pools)):
             grow(k, floors[k])
         for k, p in enumerate(pools):
-            grow(k, min(p.plan.replica_ceiling, max(p.current, floors[k])) if plan.autoscale else floors[k])
+            kept = max(p.current - p.released, floors[k])
+            grow(k, min(p.plan.replica_ceiling, kept) if plan.autoscale else floors[k])
         if plan.autoscale:
             for k, p in enumerate(pools):
                 grow(k, p.plan.replica_ceiling)

@@ -26,7 +26,6 @@ class PoolState:
     warm, loading, cold : replicas by state (count); tp, precision, sm_clock_mhz (MHz), max_batch (count):
     the configuration most recently applied; loading_elapsed_s : seconds each loading replica has loaded;
     running, waiting : mean sequences running / waiting per warm replica over the last minute (count).
-    busy : mean GPU busy share of the warm replicas over the last minute (DCGM_FI_DEV_GPU_UTIL / 100, 0-1).
     """
 
     site: str
@@ -42,7 +41,6 @@ class PoolState:
     loading_elapsed_s: tuple[float, ...] = ()
     running: float = 0.0
     waiting: float = 0.0
-    busy: float = 0.0
 
     @property
     def key(self) -> PoolKey:
@@ -72,7 +70,8 @@ class FleetSnapshot:
     pools : replicas per pool; queues : outstanding requests per class; prefix_hit_rate : share of input
     tokens served from prefix cache per model over the last 15 min (0-1); power_w : mean GPU board power per
     (site, gpu type) over the last minute (W, summed over GPUs); gpus : GPUs seen per (site, gpu type)
-    (count); corrections : fitted serving-model factors; risk_band : uncertainty multiplier (1-2).
+    (count); corrections : fitted serving-model factors; risk_band : uncertainty multiplier (1-2);
+    floors : replica floors of the plan in force per pool (count; empty when unknown).
     """
 
     as_of: datetime
@@ -83,6 +82,7 @@ class FleetSnapshot:
     gpus: Mapping[tuple[str, str], int] = field(default_factory=dict)
     corrections: Corrections = field(default_factory=Corrections)
     risk_band: float = 1.0
+    floors: Mapping[PoolKey, int] = field(default_factory=dict)
 
     def pool(self, key: PoolKey) -> PoolState | None:
         """The pool with this (site, model, gpu) key, or None."""
@@ -102,7 +102,7 @@ class FleetSnapshot:
 _POOLS_SQL = f"""
 WITH r0 AS ({REPLICA_STATE_SQL}),
 tel AS (SELECT replica_id, avg(num_requests_running) AS running, avg(num_requests_waiting) AS waiting,
-               max(DCGM_FI_DEV_GPU_UTIL) AS util_max, avg(DCGM_FI_DEV_GPU_UTIL) / 100.0 AS busy
+               max(DCGM_FI_DEV_GPU_UTIL) AS util_max
         FROM gpu_telemetry WHERE event_at > $as_of::TIMESTAMPTZ - INTERVAL 60 SECOND
           AND event_at <= $as_of AND arrived_at <= $as_of AND replica_id IS NOT NULL GROUP BY 1),
 -- a replica whose last event says loading but whose GPUs report work is serving (a pre-warmed replica
@@ -116,8 +116,7 @@ SELECT site, model, gpu_type, count(*) FILTER (WHERE state = 'warm') AS warm,
        arg_max(sm_clock_mhz, since_at) AS sm_clock_mhz, arg_max(max_batch, since_at) AS max_batch,
        list(epoch($as_of::TIMESTAMPTZ - since_at)) FILTER (WHERE state = 'loading') AS loading_elapsed_s,
        coalesce(avg(tel.running) FILTER (WHERE state = 'warm'), 0) AS running,
-       coalesce(avg(tel.waiting) FILTER (WHERE state = 'warm'), 0) AS waiting,
-       coalesce(avg(tel.busy) FILTER (WHERE state = 'warm'), 0) AS busy
+       coalesce(avg(tel.waiting) FILTER (WHERE state = 'warm'), 0) AS waiting
 FROM r LEFT JOIN tel USING (replica_id) GROUP BY ALL ORDER BY ALL
 """
 _QUEUES_SQL = """
@@ -171,7 +170,6 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
             tuple(r["loading_elapsed_s"] or ()),
             float(r["running"]),
             float(r["waiting"]),
-            float(r["busy"]),
         )
         for r in state.frame(_POOLS_SQL, p).iter_rows(named=True)
     )

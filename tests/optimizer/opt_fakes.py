@@ -118,7 +118,8 @@ class FakeWorld:
     def update(self, obs: Observations) -> None:
         pass
 
-    def evaluator(self, as_of: datetime, f: DisturbanceForecast) -> Callable[[Plan], PredictedOutcome]:
+    def evaluator(self, as_of: datetime, f: DisturbanceForecast,
+                  in_force: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
         def evaluate(plan: Plan) -> PredictedOutcome:
             self.evaluations += 1
             return fake_outcome(plan, f)
