@@ -102,6 +102,11 @@ class AureliusPolicy(Policy):
         clock choices lost gp/$ against the same policy without them (PJM 789.7 vs 797.7, ERCOT 353.7 vs
         355.2) and raised the code class's violations (ERCOT +3.2 pp): its corrections are not keyed by
         clock, so a clock it has not run at is scored on the uncalibrated roofline.
+    floor_release : hand the plan in force to the evaluator, so the forward model releases the replicas only its
+        floors held when a candidate lowers them (worldmodel/forward.py). Off by default: measured on the
+        default windows (3 seeds) it turned more decisions into deviations whose autoscaler transients the
+        model does not see: ERCOT gp/$ 479.0 (453.9-496.5) against 496.0 without it, PJM 1087.8 vs 1091.9,
+        CAISO 917.1 vs 920.8 (benchmarks/results/).
     """
 
     name = "aurelius"
@@ -113,7 +118,7 @@ class AureliusPolicy(Policy):
                  reference_policy: Policy | None = None, gate_config: GateConfig | None = None,
                  search_config: SearchConfig | None = None, name: str | None = None,
                  also_references: tuple[str, ...] = (), also_reference_policies: tuple[Policy, ...] = (),
-                 clock_levels: int = 1) -> None:
+                 clock_levels: int = 1, floor_release: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         self.mode = mode
@@ -130,6 +135,7 @@ class AureliusPolicy(Policy):
         self.also_references = also_references
         self.also_reference_policies = also_reference_policies
         self.clock_levels = AUDIT_CLOCK_LEVELS if mode == "clock-only" else clock_levels
+        self.floor_release = floor_release
         self.gate_config = gate_config or GateConfig()
         self.search_config = search_config or _search_config(mode)
         self.name = name or ("oracle" if oracle else "aurelius" if mode == "full" else f"aurelius-{mode}")
@@ -176,7 +182,7 @@ class AureliusPolicy(Policy):
         assert self._ctx is not None and self.forecast_provider is not None and self.world_model is not None
         forecasts = self.forecast_provider.forecast(as_of, self.horizon_periods)
         serving = self.world_model.serving()
-        evaluate = self.world_model.evaluator(as_of, forecasts[0], self._previous)
+        evaluate = self.world_model.evaluator(as_of, forecasts[0], self._previous if self.floor_release else None)
         schedule = None
         if self.mode in ("full", "fixed-grid"):
             schedule = plan_deferral(forecasts, self._previous, serving, self._observed.slack_quantiles(),

@@ -154,3 +154,24 @@ def test_the_better_predicted_reference_is_the_pareto_yardstick():
         assert r["reference_plan"]["label"] == r["pareto_reference"]
         if r["fallback"]:
             assert r["chosen_plan"] == r["reference_plan"]
+
+
+def test_floor_release_hands_the_plan_in_force_to_the_evaluator():
+    class Recording(FakeWorld):
+        def __init__(self) -> None:
+            super().__init__()
+            self.in_force: list = []
+
+        def evaluator(self, as_of, f, in_force=None):  # noqa: ANN001, ANN202
+            self.in_force.append(in_force)
+            return super().evaluator(as_of, f, in_force)
+
+    for release in (False, True):
+        world = Recording()
+        pol = AureliusPolicy(world_model=world, reference_policy=StubReference(), audit=False,
+                             forecast_provider=PersistenceForecasts(), floor_release=release)
+        pol.start(context(), history())
+        first = pol.plan(observations(1))
+        pol.plan(observations(2))
+        assert world.in_force[2] == (first if release else None)  # the plan returned the period before
+        assert release or world.in_force == [None] * 3

@@ -28,6 +28,17 @@ def test_lp_holds_work_for_the_cheap_period():
     assert s.admission() == BatchAdmission.HOLD and s.late == pytest.approx(0.0, abs=1e-9)
 
 
+def test_lp_runs_now_in_free_headroom_rather_than_pay_gpu_time_later():
+    # energy alone says wait (100 -> 10 $/MWh saves 0.09 $ for 10 requests); later there is no headroom, so each
+    # request would pay 0.05 $ of GPU time: releasing now into the free headroom is cheaper
+    s = schedule_deferral([Cohort(10, 0, 1)], flat(100, 10), [100, 100], E, free_requests=[100, 0],
+                          gpu_usd_per_request=0.05)
+    assert s.release == pytest.approx((10.0, 0.0), abs=1e-6) and s.admission() == BatchAdmission.IMMEDIATE
+    assert s.carry_usd_per_request == pytest.approx(E * 55.0 + 0.05)
+    # without the GPU term the same case holds the work for the cheap period
+    assert schedule_deferral([Cohort(10, 0, 1)], flat(100, 10), [100, 100], E).admission() == BatchAdmission.HOLD
+
+
 def test_lp_spills_into_the_expensive_period_when_the_cheap_one_is_full():
     s = schedule_deferral([Cohort(10, 0, 1)], flat(100, 10), [100, 4], E)
     assert s.release == pytest.approx((6.0, 4.0), abs=1e-6)

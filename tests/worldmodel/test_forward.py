@@ -220,3 +220,13 @@ def test_validate_plumbing_with_a_fake_realizer(tmp_path):
     row = imposed["fp8"]["periods"][1]
     assert row["energy_kwh"]["realized"] == 1.5 and row["energy_kwh"]["rel_error"] is not None
     assert row["classes"]["chat"]["violation_rate"]["error_kind"] == "relative"
+
+
+def test_lowering_the_floor_in_force_releases_the_replicas_it_held(world, fm):
+    _, snap = world  # 4 warm 70B and 4 warm 8B replicas
+    held = replace(snap, floors={(SITE, "llama-3.1-70b", "H100"): 4, (SITE, "llama-3.1-8b", "H100"): 4})
+    low, f = _plan(n70=1, n8=1), _forecast(0.3)
+    unknown = fm.evaluate(snap, low, f)  # no plan in force known: existing replicas ride out the stabilization
+    released = fm.evaluate(held, low, f)  # the in-force floors held them: the autoscaler lets them go at once
+    kept = fm.evaluate(held, _plan(n70=4, n8=4), f)  # the same floors again: nothing released
+    assert released.gpu_hours < unknown.gpu_hours == pytest.approx(kept.gpu_hours)
