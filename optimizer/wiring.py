@@ -105,6 +105,7 @@ class WorldStateModel:
         self._ctx: PolicyContext | None = None
         self._last: datetime | None = None
         self._observed_fleet = False
+        self._snap: FleetSnapshot | None = None  # the last snapshot, reused until the state changes
         self.ingest_ms: list[float] = []
 
     def start(self, ctx: PolicyContext, history: History) -> None:
@@ -116,6 +117,7 @@ class WorldStateModel:
         self._ctx = ctx
         self._last = ctx.window_start
         self._observed_fleet = False
+        self._snap = None
         if history.prices.height:
             self.state.ingest({"price": history.prices})
 
@@ -131,6 +133,7 @@ class WorldStateModel:
         if "fleet_event" in batch:
             self._observed_fleet = True
         self.state.ingest(batch, ingested_at=obs.as_of)
+        self._snap = None
         start, end = self._last, obs.as_of
         self.state.aggregate_period(start, end)
         interactive = _InteractiveCompletions(self.state)
@@ -151,9 +154,10 @@ class WorldStateModel:
     def snapshot(self, as_of: datetime) -> FleetSnapshot:
         """The frozen state as of `as_of`, with the fleet's GPU inventory (see the module docstring)."""
         assert self.state is not None and self._ctx is not None, "start() first"
-        snap = snapshot(self.state, as_of)
-        gpus = {(s.name, str(g.gpu)): s.gpus(g.gpu) for s in self._ctx.fleet.sites for g in s.groups}
-        return replace(snap, gpus=gpus)
+        if self._snap is None or self._snap.as_of != as_of:  # one state query per decision, however many asks
+            gpus = {(s.name, str(g.gpu)): s.gpus(g.gpu) for s in self._ctx.fleet.sites for g in s.groups}
+            self._snap = replace(snapshot(self.state, as_of), gpus=gpus)
+        return self._snap
 
     def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
         """Warm + loading replicas per (site, model, gpu) as of `as_of`, from the state."""

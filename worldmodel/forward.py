@@ -324,14 +324,13 @@ class ForwardModel:
         T_prefill + n_out x TPOT and the replica's compute for T_prefill (TPOT at the batch the target implies)."""
         ctx = load.n_in + load.n_out / 2.0
         t_pf = sm.prefill_s(p.cfg, load.n_in)
-        b = max(min(p.plan.max_batch, sm.kv_capacity_tokens(p.cfg) / max(ctx, 1.0)), 1.0)
-        t_dec = sm.decode_step_s(p.cfg, 0.8 * b, ctx)
+        t_dec = sm.decode_step_s(p.cfg, 0.8 * _batch_cap(sm, p, ctx), ctx)
         return (t_pf + load.n_out * t_dec) / max(p.plan.max_batch, 1) + t_pf
 
     def _mu_replica(self, sm: ServingModel, p: _Pool, load: _Load) -> float:
         """Throughput of one replica at its full batch (req/s)."""
         ctx = load.n_in + load.n_out / 2.0
-        b_cap = max(min(p.plan.max_batch, sm.kv_capacity_tokens(p.cfg) / max(ctx, 1.0)), 1.0)
+        b_cap = _batch_cap(sm, p, ctx)
         t_pf = sm.prefill_s(p.cfg, load.n_in)
         return 1.0 / (t_pf + load.n_out * sm.decode_step_s(p.cfg, b_cap, ctx) / b_cap)
 
@@ -349,7 +348,8 @@ class ForwardModel:
         util_s = self._util_per_request(sm, pools[0], load) if pools else 0.0
         counts = self._place(plan, pools, mus, lam, free, util_s)
         # the router sends work to warm replicas only: a pool's share follows its serving capacity
-        weights = [m * _serving(p, n, T) for p, m, n in zip(pools, mus, counts, strict=True)]
+        serving = [_serving(p, n, T) for p, n in zip(pools, counts, strict=True)]
+        weights = [m * s for m, s in zip(mus, serving, strict=True)]
         total = sum(weights)
         return [
             self._serve_pool(
@@ -357,13 +357,14 @@ class ForwardModel:
                 plan,
                 p,
                 n,
+                srv,
                 mu_r,
                 lam * w / total if total > 0 else 0.0,
                 load,
                 load.q0 * w / total if total > 0 else 0.0,
                 T,
             )
-            for p, n, mu_r, w in zip(pools, counts, mus, weights, strict=True)
+            for p, n, srv, mu_r, w in zip(pools, counts, serving, mus, weights, strict=True)
         ]
 
     @staticmethod
@@ -420,20 +421,21 @@ class ForwardModel:
         plan: Plan,
         p: _Pool,
         n: float,
+        serving: float,
         mu_r: float,
         lam: float,
         load: _Load,
         q0: float,
         T: float,
     ) -> _PoolResult:
+        """One pool's period: n replicas of which `serving` serve on average (count; see `_serving`)."""
         pp = p.plan
-        serving = _serving(p, n, T)
         if p.reloads > 0:  # the runtime reloads the whole pool at once: what arrives meanwhile queues
             q0 += lam * min(p.load_s, T) * min(p.reloads, n) / max(n, 1.0)
         loading = n - serving
         ctx = load.n_in + load.n_out / 2.0
         t_pf = sm.prefill_s(p.cfg, load.n_in)
-        b_cap = max(min(pp.max_batch, sm.kv_capacity_tokens(p.cfg) / max(ctx, 1.0)), 1.0)
+        b_cap = _batch_cap(sm, p, ctx)
         mu = serving * mu_r
         lam_r = min(lam, _RHO_MAX * mu) / serving if serving > 0 else 0.0
         rho_pf = min(lam_r * t_pf, _RHO_MAX)
@@ -554,6 +556,12 @@ class _Scenario:
         self.classes.append(c)
         self.by_class[c.request_class] = c
         self.sla_met += sla_met
+
+
+def _batch_cap(sm: ServingModel, p: _Pool, ctx: float) -> float:
+    """Sequences a replica of the pool can batch (count): its max_batch, at most what the KV cache holds at a
+    resident context of `ctx` tokens, at least 1."""
+    return max(min(p.plan.max_batch, sm.kv_capacity_tokens(p.cfg) / max(ctx, 1.0)), 1.0)
 
 
 def _serving(p: _Pool, n: float, T: float) -> float:
