@@ -26,8 +26,9 @@ from forecasting.oracle import OracleForecaster
 from forecasting.pool import HOURLY_POOL, PERIOD_POOL, PoolForecaster
 from forecasting.series import CLASSES, PeriodAggregator
 from forecasting.store import as_us_array, to_us
+from streams.workload.availability import market_rows
 from streams.workload.protocol import PROTOCOL_V1
-from worldmodel.forecast_types import ClassDemand, DisturbanceForecast, Interval
+from worldmodel.forecast_types import ClassDemand, DisturbanceForecast, Interval, MarketPrice
 
 KINDS = ("arrivals", "input_p50", "input_p90", "output_p50", "output_p90", "prefix_reuse")
 _Z90 = 1.2816
@@ -51,11 +52,15 @@ class MarketForecaster:
     seed : random seed handed to every forecaster.
     truth : oracle arm only: series name ("price", "arrivals/chat", ...) -> (values, event_at) realized;
         those series use `OracleForecaster` and the output is flagged oracle.
+    other_markets : further markets whose hourly price is forecast too (series "price/<market>"; the
+        three-site mode, where each site is priced at its own market). Price records are routed by their
+        `market` column; records without one are the first market's.
     """
 
     def __init__(self, market: str, period_s: float = 300.0, horizon_periods: int = 12, seed: int = 0,
-                 truth: dict[str, tuple[Any, Any]] | None = None) -> None:
+                 truth: dict[str, tuple[Any, Any]] | None = None, other_markets: tuple[str, ...] = ()) -> None:
         self.market, self.period_s, self.horizon_periods, self.seed = market, period_s, horizon_periods, seed
+        self.other_markets = tuple(m for m in other_markets if m != market)
         self.truth = truth
         season = int(round(86_400 / period_s))
         per = {"step_s": period_s, "season": season, "week": 7 * season, "seed": seed,
@@ -63,7 +68,8 @@ class MarketForecaster:
         self._series: dict[str, Forecaster] = {
             f"{k}/{c}": PoolForecaster(pool=PERIOD_POOL, **per) for k in KINDS for c in CLASSES
         }
-        self._series["price"] = PoolForecaster(pool=HOURLY_POOL, max_horizon=48, seed=seed, source="measured")
+        for name in ("price", *(f"price/{m}" for m in self.other_markets)):
+            self._series[name] = PoolForecaster(pool=HOURLY_POOL, max_horizon=48, seed=seed, source="measured")
         for name, (y, at) in (truth or {}).items():
             base = self._series[name]
             self._series[name] = OracleForecaster(y, at, base.step_s, base.season, base.week, base.max_horizon,
@@ -104,8 +110,12 @@ class MarketForecaster:
     def _add_prices(self, prices: Any) -> None:
         if prices is None or not len(prices):
             return
-        arrived = prices["arrived_at"] if "arrived_at" in prices.columns else prices["published_at"]
-        self._series["price"].update_many(prices["lmp_usd_mwh"].to_numpy(), prices["interval_start"], arrived)
+        for market, name in ((self.market, "price"), *((m, f"price/{m}") for m in self.other_markets)):
+            rows = market_rows(prices, market)
+            if not len(rows):
+                continue
+            arrived = rows["arrived_at"] if "arrived_at" in rows.columns else rows["published_at"]
+            self._series[name].update_many(rows["lmp_usd_mwh"].to_numpy(), rows["interval_start"], arrived)
 
     def observe(self, obs: Any) -> MarketForecaster:
         """Ingest one period's `optimizer.policy.Observations` (arrivals, completions, prices as published)."""
@@ -129,7 +139,7 @@ class MarketForecaster:
         fc: dict[str, Forecast] = {}
         for name, f in self._series.items():
             try:
-                fc[name] = f.forecast(hours if name == "price" else k, as_of)
+                fc[name] = f.forecast(hours if name.startswith("price") else k, as_of)
             except ValueError:  # nothing observed yet for this series
                 continue
         self.last_forecasts = fc
@@ -151,7 +161,18 @@ class MarketForecaster:
             out.append(DisturbanceForecast(
                 period_start=start, period_s=self.period_s, demand=demand, price_usd_mwh=price.to_interval(j),
                 price_published=bool(price.known[j]), confidence=float(min(confs, default=0.0)), provenance=prov,
+                other_markets=self._other_prices(fc, start),
             ))
+        return tuple(out)
+
+    def _other_prices(self, fc: dict[str, Forecast], start: datetime) -> tuple[MarketPrice, ...]:
+        """The other markets' prices of the period starting at `start` (a market with none yet is left out)."""
+        out = []
+        for m in self.other_markets:
+            f = fc.get(f"price/{m}")
+            if f is not None:
+                j = f.index_at(to_us(start))
+                out.append(MarketPrice(m, f.to_interval(j), bool(f.known[j])))
         return tuple(out)
 
     def _demand(self, fc: dict[str, Forecast], c: str, i: int) -> ClassDemand:

@@ -5,7 +5,9 @@ largest KV-feasible batch, maximum clock, fewest replicas the MILP finds), a min
 fewest replicas meeting the TPOT SLO) and the MILP's sizing at low/mid/high clock in each allowed precision.
 The regime adds bundles: an expensive hour adds packing variants with the deferral schedule's admission,
 a cheap one adds headroom (lower target utilisation), high load or a wide forecast interval adds ceiling.
-The clock-only ablation proposes the reference plan at every clock step and nothing else.
+The clock-only ablation proposes the reference plan at every clock step and nothing else. With several sites
+(the three-site mode) every plan is also proposed placed: pools in order of their site's forecast price, the
+pricier sites floored for the arrivals pinned to their region.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class GenerationInputs:
     deferrable_class, deferrable_release_rps : the deferrable class and the rate the deferral schedule
         releases this period (requests/s); None sizes for its forecast arrivals as they come.
     current_replicas : warm + loading replicas per pool now (count; empty when unknown).
+    site_shift : with several sites, also propose the placed plans that move the pricier sites' replicas to the
+        cheapest site at once (`_placed(shift=True)`).
     """
 
     fleet: FleetSpec
@@ -86,6 +90,7 @@ class GenerationInputs:
     deferrable_release_rps: float | None = None
     serving: ServingModel = field(default_factory=ServingModel)
     current_replicas: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    site_shift: bool = False
 
 
 def read_regime(inp: GenerationInputs) -> Regime:
@@ -152,7 +157,65 @@ def generate(inp: GenerationInputs, mode: str = "full") -> list[Plan]:
             replace(p, batch_admission=inp.admission) if p.label not in ("reference", "previous") else p for p in out
         ]
         out.append(replace(inp.reference, batch_admission=inp.admission, label="reference+deferral"))
+    if len({p.site for p in inp.reference.pools}) > 1:  # several sites: placement is a choice
+        prices = site_prices(inp)
+        out += [_placed(inp, p, prices, shift) for p in out for shift in (False, *((True,) if inp.site_shift else ()))]
     return _dedupe(out)
+
+
+def site_prices(inp: GenerationInputs, periods: int | None = None) -> dict[str, float]:
+    """Risk-adjusted mean energy price over the first `periods` forecast periods (all: None) of each site the
+    reference uses ($/MWh): the site's market price where the forecast carries it (`other_markets`), else the
+    forecast's own."""
+    market = {s.name: s.market for s in inp.fleet.sites}
+    out = {}
+    for site in dict.fromkeys(p.site for p in inp.reference.pools):
+        vals = []
+        for f in inp.forecasts[:periods]:
+            iv = next((m.price_usd_mwh for m in f.other_markets if m.market == market.get(site)), f.price_usd_mwh)
+            vals.append(risk_adjusted_price(iv, inp.risk_aversion))
+        out[site] = float(np.mean(vals))
+    return out
+
+
+def _placed(
+    inp: GenerationInputs, plan: Plan, prices: Mapping[str, float], shift: bool = False, target_u: float = 0.7
+) -> Plan:
+    """`plan` with its pools in order of their site's price (the autoscaler grows at the first listed), and at
+    every other site a floor on its first pool of each model sized for the arrivals pinned to that site's
+    region (the 80% upper forecast at `target_u`): residency keeps them off the cheaper sites. With `shift`
+    the other sites' ceilings come down to those floors, moving the rest of their replicas to the cheapest
+    site now (cold starts there) rather than as the autoscaler next scales."""
+    order = sorted(range(len(plan.pools)), key=lambda i: (prices.get(plan.pools[i].site, math.inf), i))
+    pools = [plan.pools[i] for i in order]
+    now = inp.forecasts[0]
+    demand = _demand_by_model(now, "hi80")
+    region = {s.name: s.region for s in inp.fleet.sites}
+    cheapest = pools[0].site if pools else ""
+    seen: set[tuple[str, str]] = set()
+    for k, p in enumerate(pools):
+        if p.site == cheapest or (p.site, p.model) in seen:
+            continue
+        seen.add((p.site, p.model))
+        share = now.pinned_share.get((p.model, region.get(p.site, "")), 0.0)
+        inp_t, out_t = _sizes(now, p.model)
+        rps = replica_rps(inp.serving, p, inp_t, out_t, inp.tpot_slo_s.get(p.model))
+        need = math.ceil(share * demand.get(p.model, 0.0) / max(rps * target_u, 1e-9))
+        floor = min(max(p.replica_floor, need), inp.space.pool(p.key).max_replicas)
+        pools[k] = replace(p, replica_floor=floor, replica_ceiling=floor if shift else max(p.replica_ceiling, floor))
+    if shift:  # the other pools of the pricier sites hold nothing
+        first = {(p.site, p.model) for p in pools if p.site != cheapest}
+        pools = [
+            replace(p, replica_floor=0, replica_ceiling=0)
+            if p.site != cheapest and (p.site, p.model) in first and p is not _first_of(pools, p) else p
+            for p in pools
+        ]
+    return replace(plan.with_pools(tuple(pools)), label=f"{plan.label}@cheap-sites{'-shift' if shift else ''}")
+
+
+def _first_of(pools: Sequence[PoolPlan], p: PoolPlan) -> PoolPlan:
+    """The first pool in `pools` at `p`'s site serving `p`'s model."""
+    return next(q for q in pools if q.site == p.site and q.model == p.model)
 
 
 def _previous(inp: GenerationInputs) -> Plan:
@@ -174,7 +237,7 @@ def _previous(inp: GenerationInputs) -> Plan:
 def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed: bool, target_u: float) -> Plan | None:
     """Set every pool's clock level, precision and batch, then size replicas with the MILP."""
     now = inp.forecasts[0]
-    price = risk_adjusted_price(now.price_usd_mwh, inp.risk_aversion)
+    prices = site_prices(inp, periods=1)
     prev = {p.key: p for p in inp.previous.pools}
     pools: list[PoolPlan] = []
     sizing: list[SizingPool] = []
@@ -194,7 +257,7 @@ def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed:
         power = replica_power_w(inp.serving, q, target_u)
         rps = replica_rps(inp.serving, q, inp_t, out_t, inp.tpot_slo_s.get(p.model))
         added_w = replica_power_w(inp.serving, q, 1.0) - q.tp * idle_power_w(q.gpu)
-        cost_usd_h = q.tp * GPU_RATE_USD_H[p.gpu] + power * PUE * price / 1e6
+        cost_usd_h = q.tp * GPU_RATE_USD_H[p.gpu] + power * PUE * prices[p.site] / 1e6
         sizing.append(
             SizingPool(p.key, q.tp, rps, added_w, cost_usd_h, was.replica_floor if was else 0, lv.max_replicas)
         )

@@ -142,9 +142,10 @@ def map_pools(plan: Plan, **changes: object) -> Plan:
 
 
 def plan_key(plan: Plan) -> tuple[object, ...]:
-    """A hashable identity of a plan's decision content (label and notes excluded)."""
-    pools = tuple(sorted((p.key, p.replica_floor, p.replica_ceiling, p.tp, p.precision, p.max_batch,
-                          p.sm_clock_mhz) for p in plan.pools))
+    """A hashable identity of a plan's decision content (label and notes excluded). Pool order is part of it:
+    the autoscaler grows a model's replicas in the plan's pool order (placement)."""
+    pools = tuple((p.key, p.replica_floor, p.replica_ceiling, p.tp, p.precision, p.max_batch, p.sm_clock_mhz)
+                  for p in plan.pools)
     return (pools, str(plan.routing), str(plan.ordering), str(plan.batch_admission), plan.autoscale,
             plan.autoscale_target)
 

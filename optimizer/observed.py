@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from optimizer.gates import Tenant
+from streams.workload.availability import market_rows
 
 #: Until deferrable arrivals are observed, assume the shortest slack the operator promises (s; modeled).
 DEFAULT_DEADLINE_SLACK_S = 1800.0
@@ -30,11 +31,13 @@ class ObservedState:
     deadline_slack_s: list[float] = field(default_factory=list)
     tpot_slo_s: dict[str, float] = field(default_factory=dict)
 
-    def add_prices(self, frame: pl.DataFrame) -> None:
-        """Add price records (interval_start, lmp_usd_mwh); a later record of the same hour replaces it."""
+    def add_prices(self, frame: pl.DataFrame, market: str) -> None:
+        """Add `market`'s price records (interval_start, lmp_usd_mwh); a later record of the same hour replaces
+        it. The regime reads the first market's price (the window's); other sites' prices reach the planner
+        through the forecast."""
         if frame.height == 0 or "lmp_usd_mwh" not in frame.columns:
             return
-        for at, v in frame.select("interval_start", "lmp_usd_mwh").iter_rows():
+        for at, v in market_rows(frame, market).select("interval_start", "lmp_usd_mwh").iter_rows():
             self.prices[at] = float(v)
 
     def add_arrivals(self, frame: pl.DataFrame) -> None:

@@ -5,8 +5,9 @@
   period, self-calibrates the planner's serving model from the period's residuals (decode, prefill, power;
   CUSUM drift -> risk band), and per decision hands out a read-only evaluator: a frozen
   `snapshot(state, as_of)` scored by `ForwardModel(ServingModel with the fitted corrections, CostConfig())`.
-- `ForecastingProvider` (a `ForecastProvider`): forecasting's `MarketForecaster` facade, plus the waiting
-  deferrable backlog (arrived, not completed; deadlines from as_of) counted from the same observations.
+- `ForecastingProvider` (a `ForecastProvider`): forecasting's `MarketForecaster` facade (every site's market
+  price in the three-site mode), plus the waiting deferrable backlog (arrived, not completed; deadlines from
+  as_of) and the share of each model's arrivals pinned to one region, counted from the same observations.
 - `OracleForecastProvider`: the same facade fed the realized future (arrivals per class per period, p50/p90
   input and output sizes, realized prices) computed from the replay's `Workload`, flagged oracle in every
   forecast's provenance. Only the `oracle` arm gets it.
@@ -54,6 +55,7 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-clock-only": {"mode": "clock-only"},
     "aurelius-fixed-grid": {"mode": "fixed-grid"},
     "aurelius-no-deferral": {"mode": "no-deferral"},
+    "aurelius-site-shift": {"mode": "full", "site_shift": True},
     "oracle": {"mode": "full", "oracle": True},
 }
 #: The Pareto reference of the aurelius arms: the strongest reference policy (DESIGN.md). Measured on the
@@ -165,7 +167,8 @@ class WorldStateModel:
 
     def evaluator(self, as_of: datetime, forecast: DisturbanceForecast,
                   in_force: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
-        fm = ForwardModel(self._prior, self.cost_config)
+        assert self._ctx is not None, "start() first"
+        fm = ForwardModel(self._prior, self.cost_config, site_markets={s.name: s.market for s in self._ctx.fleet.sites})
         snap = self.snapshot(as_of)
         if in_force is not None:
             snap = replace(snap, floors={p.key: p.replica_floor for p in in_force.pools})
@@ -260,6 +263,29 @@ class _Backlog:
         )
 
 
+class _Residency:
+    """Arrivals per model whose tenant may run in one region only, per region (counts, from observations)."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, int] = {}
+        self.pinned: dict[tuple[str, str], int] = {}
+
+    def update(self, obs: Observations) -> None:
+        a = obs.arrivals
+        if a.height == 0 or not {"model", "allowed_regions"} <= set(a.columns):
+            return
+        for model, n in a.group_by("model").len().iter_rows():
+            self.total[model] = self.total.get(model, 0) + int(n)
+        one = a.filter(pl.col("allowed_regions").list.len() == 1)
+        if one.height:
+            counts = one.group_by("model", pl.col("allowed_regions").list.first().alias("region")).len()
+            for model, region, n in counts.iter_rows():
+                self.pinned[(model, region)] = self.pinned.get((model, region), 0) + int(n)
+
+    def shares(self) -> dict[tuple[str, str], float]:
+        return {k: n / self.total[k[0]] for k, n in self.pinned.items() if self.total.get(k[0])}
+
+
 class ForecastingProvider:
     """`ForecastProvider` over forecasting's `MarketForecaster` (one market) plus the observed backlog.
 
@@ -298,16 +324,19 @@ class ForecastingProvider:
         self.window_end_known = window_end_known
         self.mf: Any = None
         self.backlog = _Backlog()
+        self.residency = _Residency()
         self._window_end: datetime | None = None
 
     def start(self, ctx: PolicyContext, history: History) -> None:
         from forecasting.bundle import MarketForecaster
 
         self.mf = MarketForecaster(
-            ctx.markets[0], period_s=ctx.period_s, horizon_periods=self.horizon_periods, seed=ctx.seed, truth=self.truth
+            ctx.markets[0], period_s=ctx.period_s, horizon_periods=self.horizon_periods, seed=ctx.seed,
+            truth=self.truth, other_markets=ctx.markets[1:],
         )
         self.mf.start(history, as_of=ctx.window_start)
         self.backlog = _Backlog()
+        self.residency = _Residency()
         periods = self.window_periods or ctx.periods
         self._window_end = ctx.window_start + timedelta(seconds=periods * ctx.period_s)
         self.mf.forecast(ctx.window_start, self.horizon_periods)  # warm the models on the history (start-up)
@@ -316,6 +345,7 @@ class ForecastingProvider:
         assert self.mf is not None, "start() first"
         self.mf.observe(obs)
         self.backlog.update(obs)
+        self.residency.update(obs)
 
     def forecast(self, as_of: datetime, periods: int) -> tuple[DisturbanceForecast, ...]:
         assert self.mf is not None, "start() first"
@@ -325,6 +355,7 @@ class ForecastingProvider:
             series[f"arrivals/{c}"].confidence for c in ("code", "chat", "batch") if f"arrivals/{c}" in series
         ]
         price = series.get("price")
+        pinned = self.residency.shares()
         out = []
         for f in raw:
             drained = self.window_end_known and self._window_end is not None and f.period_start >= self._window_end
@@ -342,7 +373,7 @@ class ForecastingProvider:
                 prov["arrivals"] = "protocol drain: no arrivals after the window"
             if self.oracle:
                 prov |= {"oracle": "true", "forecast": "oracle (realized future)"}
-            out.append(replace(f, demand=demand, confidence=conf, provenance=prov))
+            out.append(replace(f, demand=demand, confidence=conf, provenance=prov, pinned_share=pinned))
         out[0] = self.backlog.apply(out[0], as_of)
         return tuple(out)
 

@@ -39,12 +39,24 @@ class ClassDemand:
 
 
 @dataclass(frozen=True)
+class MarketPrice:
+    """Another site's market price for the period ($/MWh); published as in `DisturbanceForecast`."""
+
+    market: str
+    price_usd_mwh: Interval
+    published: bool
+
+
+@dataclass(frozen=True)
 class DisturbanceForecast:
     """Everything exogenous for one period: demand per class, price ($/MWh), and the forecasters' confidence (0-1).
 
     price_published is True when the price of this period was already published as of the decision.
     deferred_backlog_requests : deferrable requests waiting (count) with their mean sizes; deadlines in
     deferred_deadlines_s (s from period start), one per waiting request or a representative sample.
+    other_markets : the other sites' market prices (the three-site mode; `price_usd_mwh` is the first market's).
+    pinned_share : share of a model's arrivals whose tenants may run in one region only, per (model, region)
+        (0-1; the three-site mode's residency, learned from arrivals).
     """
 
     period_start: datetime
@@ -56,6 +68,8 @@ class DisturbanceForecast:
     deferred_backlog_requests: int = 0
     deferred_deadlines_s: tuple[float, ...] = field(default_factory=tuple)
     provenance: dict[str, str] = field(default_factory=dict)
+    other_markets: tuple[MarketPrice, ...] = ()
+    pinned_share: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,8 @@ class ForwardModel:
         operator's fleet inventory, worldmodel.fleet.default_fleet).
     unobserved_precision_risk : evaluate the upper demand scenarios crediting no gain to a precision never
         observed on its (gpu, model) (`Corrections.pessimistic`), which lowers gp/$_lo of such plans.
+    site_markets : the market each site's energy is priced at (default: the operator's fleet); a site whose
+        market the forecast carries in `other_markets` pays that price, any other the forecast's own.
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class ForwardModel:
         idle_power: bool = False,
         inventory: Mapping[tuple[str, str], int] | None = None,
         unobserved_precision_risk: bool = False,
+        site_markets: Mapping[str, str] | None = None,
     ) -> None:
         self.serving_model = serving_model
         self.cost_config = cost_config
@@ -123,6 +126,7 @@ class ForwardModel:
         self.idle_power = idle_power
         self.inventory = dict(inventory) if inventory is not None else _default_inventory()
         self.unobserved_precision_risk = unobserved_precision_risk
+        self.site_markets = dict(site_markets) if site_markets is not None else _default_site_markets()
 
     def evaluate(self, snapshot: FleetSnapshot, plan: Plan, forecast: DisturbanceForecast) -> PredictedOutcome:
         """Predict one period's outcome of `plan` from `snapshot` under `forecast` (pure: reads only).
@@ -212,7 +216,7 @@ class ForwardModel:
             by_model.setdefault(p.plan.model, [])
         for d in fc.demand:
             by_model.setdefault(d.model, []).append(d)
-        power_w = 0.0
+        power_w: dict[str, float] = {}  # per site (W)
         gpus_used: dict[tuple[str, str], float] = {}
         gpu_hours: dict[str, float] = {}
         free: dict[tuple[str, str], float] = {k: float(v) for k, v in self.inventory.items()}
@@ -226,7 +230,7 @@ class ForwardModel:
             out.cold_starts += sum(max(math.ceil(r.replicas) - p.current, 0) for p, r in zip(mpools, res, strict=True))
             served[model] = (load, res, sum(r.mu for r in res), batch_info)
             for p, r in zip(mpools, res, strict=True):
-                power_w += r.power_w
+                power_w[p.plan.site] = power_w.get(p.plan.site, 0.0) + r.power_w
                 key = (p.plan.site, p.plan.gpu)
                 gpus_used[key] = gpus_used.get(key, 0.0) + r.replicas * p.plan.tp
                 gpu_hours[p.plan.gpu] = gpu_hours.get(p.plan.gpu, 0.0) + r.replicas * p.plan.tp * T / 3600.0
@@ -245,24 +249,34 @@ class ForwardModel:
                 tails=scenario == "point",
                 learned=snap.corrections.tpot_tail.get(d.request_class, ()),
             )
-        for (_site, gpu), n in gpus_used.items():  # every node hosting a replica draws its overhead
-            power_w += math.ceil(n / _GPUS_PER_NODE - 1e-9) * sm.node_overhead_w(gpu)
+        for (site, gpu), n in gpus_used.items():  # every node hosting a replica draws its overhead
+            power_w[site] = power_w.get(site, 0.0) + math.ceil(n / _GPUS_PER_NODE - 1e-9) * sm.node_overhead_w(gpu)
         if self.idle_power:
             for (site, gpu), n in snap.gpus.items():
                 idle = max(n - gpus_used.get((site, gpu), 0.0), 0.0)
-                power_w += idle * sm.gpu_power_w(gpu, clock_or_max(gpu, None), 0.0)
-        price = fc.price_usd_mwh.point
-        if scenario == "hi95" and not fc.price_published:
-            price = fc.price_usd_mwh.hi95
-        out.peak_power_w = power_w
+                power_w[site] = power_w.get(site, 0.0) + idle * sm.gpu_power_w(gpu, clock_or_max(gpu, None), 0.0)
+        total_w = sum(power_w.values())
+        out.peak_power_w = total_w
         out.gpu_hours = sum(gpu_hours.values())
-        out.energy_kwh = power_w * T / 3.6e6 * self.cost_config.pue.value
-        out.energy_cost_usd = cost.energy_cost_usd(power_w / 1e3, T / 3600.0, price, self.cost_config)
+        out.energy_kwh = total_w * T / 3.6e6 * self.cost_config.pue.value
+        out.energy_cost_usd = sum(
+            cost.energy_cost_usd(w / 1e3, T / 3600.0, self._price(fc, site, scenario), self.cost_config)
+            for site, w in power_w.items()
+        )
         rented = cost.gpu_cost_rented_usd(gpu_hours, self.cost_config)
         owned = cost.gpu_cost_owned_usd(_by_gpu(snap.gpus), T / 3600.0, self.cost_config)
         out.cost_usd = max(rented + out.energy_cost_usd, 1e-9)
         out.cost_owned = max(owned + out.energy_cost_usd, 1e-9)
         return out
+
+    def _price(self, fc: DisturbanceForecast, site: str, scenario: str) -> float:
+        """The energy price of `site` in this scenario ($/MWh): its market's, the 95% bound where unpublished."""
+        market = self.site_markets.get(site)
+        price, published = fc.price_usd_mwh, fc.price_published
+        for m in fc.other_markets:
+            if m.market == market:
+                price, published = m.price_usd_mwh, m.published
+        return price.hi95 if scenario == "hi95" and not published else price.point
 
     def _model_load(
         self,
@@ -587,6 +601,11 @@ def _urgent_share(deadlines_s: tuple[float, ...], T: float) -> float:
 def _default_inventory() -> dict[tuple[str, str], int]:
     """GPUs per (site, gpu type) of the operator's default fleet (count)."""
     return {(s.name, str(g.gpu)): s.gpus(g.gpu) for s in default_fleet().sites for g in s.groups}
+
+
+def _default_site_markets() -> dict[str, str]:
+    """The market of each site of the operator's default fleet."""
+    return {s.name: s.market for s in default_fleet().sites}
 
 
 def _by_gpu(gpus: Mapping[tuple[str, str], int]) -> dict[str, int]:

@@ -23,6 +23,7 @@ from optimizer.baselines.production import ProductionPolicy
 from optimizer.baselines.sizing import MODEL_OF_CLASS
 from optimizer.plan import BatchAdmission, Plan
 from optimizer.policy import History, Observations, Policy, PolicyContext, register
+from streams.workload.availability import market_rows
 from worldmodel.cost import CostConfig
 from worldmodel.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType
 from worldmodel.forecast_types import ClassDemand, DisturbanceForecast, Interval
@@ -58,6 +59,7 @@ class TunedProductionPolicy(Policy):
         self._base: Plan | None = None
         self._steady: Plan | None = None
         self._prices = pl.DataFrame()
+        self._market = ""
         self.threshold_usd_mwh = float("inf")
         self.chosen: dict[str, object] = {}
 
@@ -68,7 +70,9 @@ class TunedProductionPolicy(Policy):
         config = self.config or self._choose(ctx, history, steady)
         self._base = _configure(first, config)
         self._steady = replace(_configure(steady, config), label=f"production-tuned: {config}")
-        self._prices = history.prices.select("interval_start", "lmp_usd_mwh", "published_at")
+        self._market = ctx.markets[0]  # the price rule reads the first market's price (the window's)
+        self._prices = market_rows(history.prices, self._market).select("interval_start", "lmp_usd_mwh",
+                                                                         "published_at")
         week = self._prices.filter(pl.col("interval_start") >= ctx.window_start - timedelta(days=7))
         if week.height:
             self.threshold_usd_mwh = float(week["lmp_usd_mwh"].quantile(self.price_quantile))
@@ -77,7 +81,8 @@ class TunedProductionPolicy(Policy):
     def plan(self, obs: Observations) -> Plan:
         assert self._steady is not None, "start() first"
         if obs.prices.height:
-            self._prices = pl.concat([self._prices, obs.prices.select(self._prices.columns)])
+            mine = market_rows(obs.prices, self._market).select(self._prices.columns)
+            self._prices = pl.concat([self._prices, mine])
         return self._with_rule(self._steady, obs.as_of)
 
     def _with_rule(self, plan: Plan, as_of: datetime) -> Plan:
@@ -92,7 +97,7 @@ class TunedProductionPolicy(Policy):
 
     def _choose(self, ctx: PolicyContext, history: History, deployed: Plan) -> tuple[str, int, float]:
         model = ForwardModel(ServingModel(), CostConfig())
-        forecasts = _history_forecasts(history, ctx.period_s, self.sample_every_h)
+        forecasts = _history_forecasts(history, ctx.markets[0], ctx.period_s, self.sample_every_h)
         if not forecasts:
             return ("bf16", 256, 1.0)
         scores: dict[tuple[str, int, float], tuple[float, np.ndarray]] = {}
@@ -158,13 +163,13 @@ def _snapshot(plan: Plan, as_of: datetime) -> FleetSnapshot:
     return FleetSnapshot(as_of=as_of, pools=pools, queues=())
 
 
-def _history_forecasts(history: History, period_s: float, every_h: float) -> list[DisturbanceForecast]:
+def _history_forecasts(history: History, market: str, period_s: float, every_h: float) -> list[DisturbanceForecast]:
     """Realized history periods (every `every_h` hours) as forecasts with zero-width intervals."""
     apm = history.arrivals_per_minute
     if apm.height == 0:
         return []
     sizes = history.size_quantiles
-    prices = history.prices.sort("interval_start")
+    prices = market_rows(history.prices, market).sort("interval_start")
     t0, t1 = apm["minute_at"].min(), apm["minute_at"].max()
     out = []
     t = t0

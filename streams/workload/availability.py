@@ -130,3 +130,14 @@ def arrival_records(requests: pl.DataFrame, window_start: datetime, site: str) -
         "sla_tpot_ms",
         deadline_at.alias("deadline_at"),
     )
+
+
+def market_rows(prices: pl.DataFrame, market: str) -> pl.DataFrame:
+    """The price records of one market (all of them when the frame has no `market` column).
+
+    In the three-site mode the stream delivers every site's market prices; a consumer of one market's price
+    (a regime, a threshold, a forecaster) takes its own rows.
+    """
+    if "market" not in prices.columns:
+        return prices
+    return prices.filter(pl.col("market") == market)

@@ -88,7 +88,7 @@ def _quantile_frame(
     return pl.concat(frames).sort("period_at", maintain_order=True)
 
 
-def _history_prices(prices: pl.DataFrame, start: datetime, as_of: datetime) -> pl.DataFrame:
+def history_prices(prices: pl.DataFrame, start: datetime, as_of: datetime) -> pl.DataFrame:
     """Price rows from ``start`` on that were published by ``as_of`` (day-ahead rows may lie past it)."""
     return visible(prices.filter(pl.col("interval_start") >= start), as_of)
 
@@ -126,7 +126,7 @@ def protocol_history(
     return History(
         arrivals_per_minute=_per_minute(start, counts),
         size_quantiles=_quantile_frame(start, protocol.period_s, quantiles),
-        prices=_history_prices(prices, start, profile.start),
+        prices=history_prices(prices, start, profile.start),
     )
 
 
@@ -163,5 +163,5 @@ def trace_history(
     return History(
         arrivals_per_minute=_per_minute(start, counts),
         size_quantiles=_quantile_frame(start, protocol.period_s, quantiles),
-        prices=_history_prices(prices, start, window_start),
+        prices=history_prices(prices, start, window_start),
     )

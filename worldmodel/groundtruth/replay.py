@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +18,7 @@ import polars as pl
 from optimizer.policy import Observations, Policy, PolicyContext
 from streams.datasets.prices import load_prices
 from streams.workload.builder import Workload
+from streams.workload.history import history_prices
 from worldmodel.fleet import FleetSpec
 from worldmodel.groundtruth.observe import ObservationStream
 from worldmodel.groundtruth.runtime import Physics, SiteRuntime
@@ -102,7 +103,12 @@ def run_replay(
     )
     run = RunResult(market, policy.name, workload.seed, workload, rt, 0.0, 0, site_prices)
     t0 = time.perf_counter()
-    plan = policy.start(ctx, workload.history)
+    history = workload.history
+    if len(sites) > 1:  # every site's market: the prices each had published by the window start
+        since = start - timedelta(days=7)
+        history = replace(history, prices=pl.concat([history_prices(p, since, start) for p in site_prices],
+                                                    how="vertical_relaxed"))
+    plan = policy.start(ctx, history)
     run.decision_ms.append((time.perf_counter() - t0) * 1000.0)
     _record(run, policy, plan, 0)
     rt.apply_plan(plan, prewarm=True)
