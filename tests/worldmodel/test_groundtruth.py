@@ -98,7 +98,7 @@ def hand_frame(rows: list[dict]) -> pl.DataFrame:
                 "sla_ttft_ms": ttft,
                 "sla_tpot_ms": tpot,
                 "tenant": f"tenant-{cls}",
-                "allowed_regions": ["us-east"],
+                "allowed_regions": r.get("regions", ["us-east"]),
             }
         )
     return pl.DataFrame(out, schema=REQUEST_SCHEMA).sort("arrival_s")
@@ -389,3 +389,38 @@ def test_no_future_leakage(prod: tuple[RunResult, Recording]) -> None:
     for obs in policy.seen:
         for rid, at in zip(obs.completions["request_id"].to_list(), obs.completions["event_at"].to_list(), strict=True):
             assert abs((at - start).total_seconds() - done_s[rid]) < 1e-3
+
+
+def test_three_sites_a_request_pinned_to_a_full_site_does_not_hold_up_the_rest() -> None:
+    """Two us-east-pinned requests fill site-pjm's one slot and queue; work allowed at site-ercot starts at
+    once instead of waiting behind them, and the queued pinned request keeps its place at the head."""
+    sites = default_fleet().sites
+    plan = static_plan(*(replace(pool("llama-3.1-8b", "H100", 1, max_batch=1), site=s.name) for s in sites[:2]))
+    rows = [
+        {"cls": "code", "inp": 2000, "out": 400, "at": 0.0},
+        {"cls": "code", "inp": 2000, "out": 400, "at": 0.1},
+        {"cls": "code", "inp": 500, "out": 20, "at": 0.2, "regions": ["us-central"]},
+    ]
+    rt = SiteRuntime(sites, hand_frame(rows))
+    rt.hw.node_speed[:] = 1.0
+    rt.apply_plan(plan, prewarm=True)
+    rt.advance(120.0)
+    first = rt.req.first
+    assert first[2] - 0.2 < 0.5  # served at site-ercot straight away
+    assert first[1] >= rt.req.done[0]  # the second pinned request waited for the first to finish
+
+
+def test_three_sites_each_autoscaler_sees_its_share_of_the_queue() -> None:
+    """A queued request allowed at n sites counts 1/n in each of those sites' backlog (none elsewhere)."""
+    from worldmodel.groundtruth.scaler import model_demand
+
+    sites = default_fleet().sites
+    plan = static_plan(*(replace(pool("llama-3.1-8b", "H100", 0), site=s.name) for s in sites))
+    regions = [["us-east"], ["us-east"], ["us-east", "us-central"], ["us-east", "us-central", "us-west"]]
+    rows = [{"cls": "code", "inp": 500, "out": 20, "at": 0.1 * k, "regions": r} for k, r in enumerate(regions)]
+    rt = SiteRuntime(sites, hand_frame(rows))
+    rt.apply_plan(plan, prewarm=True)
+    rt.advance(1.0)
+    m = int(rt.req.model[0])
+    waiting = [model_demand(rt.rep, rt.pools, rt.req, rt.q, rt.si, m, s)[6] for s in range(3)]
+    assert waiting == pytest.approx([2 + 1 / 2 + 1 / 3, 1 / 2 + 1 / 3, 1 / 3])

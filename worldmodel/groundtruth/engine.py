@@ -33,6 +33,7 @@ from worldmodel.groundtruth.state import (
     S_ARR_PTR,
     S_EDF,
     S_HEAP_N,
+    S_N_SITES,
     S_NEXT_AS,
     S_NEXT_TEL,
     S_NOW,
@@ -164,13 +165,34 @@ def drain_queues(
     m: int,
     t: float,
 ) -> None:
-    """Dispatch queued work of model m to replicas with room: interactive first (EDF), then deferrable."""
+    """Dispatch queued work of model m to replicas with room: interactive first (EDF), then deferrable.
+
+    With several sites a request whose allowed sites are full does not hold up the ones behind it that may
+    run elsewhere (each region's front end queues its own): the first placeable request moves to the head."""
     cap = q.iq.shape[1]
+    every = (1 << si[S_N_SITES]) - 1
     while q.ihead[m] != q.itail[m]:
         i = q.iq[m, q.ihead[m] % cap]
         r = pick_replica(rep, pools, req, i, si, 2.0)
         if r < 0:
-            return
+            if si[S_N_SITES] <= 1:
+                return
+            full = req.allowed[i] & every  # sites with no room for this model (for a request of this size)
+            k = q.ihead[m] + 1
+            while k != q.itail[m] and full != every:
+                j = q.iq[m, k % cap]
+                if req.allowed[j] & every & ~full:
+                    r = pick_replica(rep, pools, req, j, si, 2.0)
+                    if r >= 0:
+                        break
+                    full |= req.allowed[j] & every
+                k += 1
+            if r < 0:
+                return
+            i = q.iq[m, k % cap]
+            for x in range(k, q.ihead[m], -1):  # keep the order of the requests it passes
+                q.iq[m, x % cap] = q.iq[m, (x - 1) % cap]
+            q.iq[m, q.ihead[m] % cap] = i
         q.ihead[m] += 1
         place(rep, req, sf, si, ht, hi, r, i, t)
     while batch_releasable(req, q, m, sf, si, t):

@@ -147,7 +147,7 @@ class SiteRuntime:
             np.array([DEFAULT_TP[(m, GpuType(g))] for _, m, g in self.pool_keys], i8),
             np.zeros(n_pool, i8), np.zeros(n_pool, i8), np.full(n_pool, 256, i8), np.zeros(n_pool),
             np.zeros(n_pool), np.zeros(n_pool, i8), np.zeros((n_pool, st.N_COEF)), np.arange(n_pool, dtype=i8),
-            np.array(slot_lo, i8), np.array(slot_hi, i8), np.zeros((len(MODELS), 20), i8),
+            np.array(slot_lo, i8), np.array(slot_hi, i8), np.zeros((len(MODELS) * len(self.sites), 20), i8),
             np.array([site_idx[s] for s, _, _ in self.pool_keys], i8),
         )  # fmt: skip
         rep_pool = np.zeros(n_rep, i8)
@@ -170,6 +170,7 @@ class SiteRuntime:
         self.logs = st.alloc_logs(n, n_rep * 64, 1 << 16, 4096)
         self.sf = np.zeros(st.N_FSCALARS)
         self.si = np.zeros(st.N_ISCALARS, i8)
+        self.si[st.S_N_SITES] = len(self.sites)
         self.sf[st.S_NEXT_TEL] = 10.0
         self.sf[st.S_NEXT_AS] = 15.0
         self.sf[st.S_NODE_OVERHEAD_H100] = node_overhead_w("H100")

@@ -27,6 +27,7 @@ from worldmodel.groundtruth.state import (
     S_AUTOSCALE,
     S_GAMMA,
     S_LOAD_POWER_FRAC,
+    S_N_SITES,
     S_NODE_OVERHEAD_A100,
     S_NODE_OVERHEAD_H100,
     WARM,
@@ -141,13 +142,27 @@ def drain_one(rep: Replicas, pools: Pools, hw: Hardware, logs: Logs, p: int, t: 
 
 
 @njit(cache=True)
-def model_demand(rep: Replicas, pools: Pools, req: Requests, q: Queues, si: np.ndarray, m: int) -> tuple:
-    """Demand of model m: (replicas warm or loading, warm replicas, warm batch slots, running, kv used,
-    kv capacity, waiting, prefill share).
+def _share(allowed: int, site: int, every: int) -> float:
+    """A waiting request's share of one site's backlog: 1 / its allowed sites, 0 if the site is not one."""
+    a = allowed & every
+    if (a >> site) & 1 == 0:
+        return 0.0
+    n = 0
+    while a:
+        n += a & 1
+        a >>= 1
+    return 1.0 / n
+
+
+@njit(cache=True)
+def model_demand(rep: Replicas, pools: Pools, req: Requests, q: Queues, si: np.ndarray, m: int, site: int) -> tuple:
+    """Demand of model m at one site: (replicas warm or loading, warm replicas, warm batch slots, running, kv
+    used, kv capacity, waiting, prefill share).
 
     running counts sequences past their first token; pfill sums the replicas' prefill compute share;
     waiting counts queued requests plus those admitted but not yet past prefill (vLLM's
-    num_requests_waiting), and released deferrable work."""
+    num_requests_waiting), and released deferrable work. With several sites each site's autoscaler sees its
+    own replicas and its share of the queue (a request allowed at n sites counts 1/n at each)."""
     current = 0
     slots = 0.0
     running = 0.0
@@ -160,7 +175,7 @@ def model_demand(rep: Replicas, pools: Pools, req: Requests, q: Queues, si: np.n
         if rep.state[r] == OFF:
             continue
         p = rep.pool[r]
-        if pools.model[p] != m or rep.state[r] == DRAINING:
+        if pools.model[p] != m or pools.site[p] != site or rep.state[r] == DRAINING:
             continue
         current += 1
         if rep.state[r] == WARM:
@@ -174,9 +189,20 @@ def model_demand(rep: Replicas, pools: Pools, req: Requests, q: Queues, si: np.n
                     prefill_wait += 1.0
                 else:
                     running += 1.0
-    waiting = float(q.itail[m] - q.ihead[m]) + prefill_wait
+    n_sites = si[S_N_SITES]
+    if n_sites <= 1:
+        waiting = float(q.itail[m] - q.ihead[m]) + prefill_wait
+        if si[S_ADMISSION] != ADM_HOLD:
+            waiting += q.bn[m]
+        return current, n_warm, slots, running, kv, kvcap, waiting, pfill
+    every = (1 << n_sites) - 1
+    waiting = prefill_wait
+    cap = q.iq.shape[1]
+    for k in range(q.ihead[m], q.itail[m]):
+        waiting += _share(req.allowed[q.iq[m, k % cap]], site, every)
     if si[S_ADMISSION] != ADM_HOLD:
-        waiting += q.bn[m]
+        for k in range(q.bn[m]):
+            waiting += _share(req.allowed[q.bq[m, k]], site, every)
     return current, n_warm, slots, running, kv, kvcap, waiting, pfill
 
 
@@ -192,72 +218,81 @@ def autoscale_tick(
     si: np.ndarray,
     t: float,
 ) -> None:
-    """HPA-like control per model, then placement of the desired count onto pools by priority."""
+    """HPA-like control per model and site (one autoscaler per site, as each region deploys its own), then
+    placement of the desired count onto the site's pools by priority."""
     n_models = q.bn.shape[0]
     n_pools = pools.model.shape[0]
+    n_sites = si[S_N_SITES]
     tick = si[S_AS_TICK]
     si[S_AS_TICK] = tick + 1
     target = sf[S_AS_TARGET]
     for m in range(n_models):
-        floor_sum = 0
-        ceil_sum = 0
-        for p in range(n_pools):
-            if pools.model[p] == m:
-                floor_sum += pools.floor[p]
-                ceil_sum += pools.ceil[p]
-        current, n_warm, slots, running, kv, kvcap, waiting, pfill = model_demand(rep, pools, req, q, si, m)
-        if si[S_AUTOSCALE] == 1:
-            if slots > 0:
-                # utilization: batch-slot occupancy plus the share of time spent in compute-bound prefill
-                u = max(running / slots + pfill / n_warm, kv / max(kvcap, 1.0))
-                warm = current
-                ratio = u / target
-                if abs(ratio - 1.0) <= TOLERANCE:
-                    desired = current
+        for site in range(n_sites):
+            floor_sum = 0
+            ceil_sum = 0
+            present = False
+            for p in range(n_pools):
+                if pools.model[p] == m and pools.site[p] == site:
+                    floor_sum += pools.floor[p]
+                    ceil_sum += pools.ceil[p]
+                    present = True
+            if not present:
+                continue
+            current, n_warm, slots, running, kv, kvcap, waiting, pfill = model_demand(rep, pools, req, q, si, m, site)
+            if si[S_AUTOSCALE] == 1:
+                if slots > 0:
+                    # utilization: batch-slot occupancy plus the share of time spent in compute-bound prefill
+                    u = max(running / slots + pfill / n_warm, kv / max(kvcap, 1.0))
+                    warm = current
+                    ratio = u / target
+                    if abs(ratio - 1.0) <= TOLERANCE:
+                        desired = current
+                    else:
+                        desired = int(math.ceil(warm * ratio))
+                    # KEDA-style backlog trigger on vllm:num_requests_waiting (threshold per replica)
+                    backlog = int(math.ceil(waiting / WAITING_PER_REPLICA))
+                    if backlog > current:
+                        desired = max(desired, backlog)
                 else:
-                    desired = int(math.ceil(warm * ratio))
-                # KEDA-style backlog trigger on vllm:num_requests_waiting (threshold per replica)
-                backlog = int(math.ceil(waiting / WAITING_PER_REPLICA))
-                if backlog > current:
-                    desired = max(desired, backlog)
+                    desired = current if (running + waiting) == 0 else max(current, 1)
+                desired = min(desired, max(2 * current, current + 4))
+                g = m * n_sites + site
+                pools.desired_hist[g, tick % STABILIZATION_TICKS] = desired
+                if desired < current:
+                    hist_max = 0
+                    for k in range(STABILIZATION_TICKS):
+                        hist_max = max(hist_max, pools.desired_hist[g, k])
+                    desired = min(current, hist_max)
             else:
-                desired = current if (running + waiting) == 0 else max(current, 1)
-            desired = min(desired, max(2 * current, current + 4))
-            pools.desired_hist[m, tick % STABILIZATION_TICKS] = desired
-            if desired < current:
-                hist_max = 0
-                for k in range(STABILIZATION_TICKS):
-                    hist_max = max(hist_max, pools.desired_hist[m, k])
-                desired = min(current, hist_max)
-        else:
-            desired = floor_sum
-        desired = max(floor_sum, min(ceil_sum, desired))
-        place_desired(rep, pools, hw, logs, m, desired, t)
+                desired = floor_sum
+            desired = max(floor_sum, min(ceil_sum, desired))
+            place_desired(rep, pools, hw, logs, m, site, desired, t)
 
 
 @njit(cache=True)
 def place_desired(
-    rep: Replicas, pools: Pools, hw: Hardware, logs: Logs, m: int, desired: int, t: float
+    rep: Replicas, pools: Pools, hw: Hardware, logs: Logs, m: int, site: int, desired: int, t: float
 ) -> None:
-    """Split a model's desired replicas over its pools: floors, then keep existing, then grow by priority."""
+    """Split a model's desired replicas at a site over its pools there: floors, then keep existing, then grow by
+    priority."""
     n_pools = pools.model.shape[0]
     target = np.zeros(n_pools, np.int64)
     left = desired
     for p in range(n_pools):
-        if pools.model[p] == m:
+        if pools.model[p] == m and pools.site[p] == site:
             target[p] = pools.floor[p]
             left -= pools.floor[p]
     for phase in range(2):
         for pr in range(n_pools):  # priority order: smallest priority value first
             for p in range(n_pools):
-                if pools.model[p] != m or pools.priority[p] != pr or left <= 0:
+                if pools.model[p] != m or pools.site[p] != site or pools.priority[p] != pr or left <= 0:
                     continue
                 cap = pools.ceil[p] if phase == 1 else min(pools.ceil[p], pool_count(rep, pools, p))
                 add = min(left, max(0, cap - target[p]))
                 target[p] += add
                 left -= add
     for p in range(n_pools):
-        if pools.model[p] != m:
+        if pools.model[p] != m or pools.site[p] != site:
             continue
         cur = pool_count(rep, pools, p)
         while cur < target[p]:

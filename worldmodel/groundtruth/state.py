@@ -112,7 +112,7 @@ class Pools(NamedTuple):
     priority: np.ndarray  # i8 lower = scaled up first
     slot_lo: np.ndarray  # i8 replica slot range [lo, hi)
     slot_hi: np.ndarray  # i8
-    desired_hist: np.ndarray  # i8 [M, 20] desired replicas per model over the last 300 s (15 s ticks)
+    desired_hist: np.ndarray  # i8 [M x sites, 20] desired replicas per (model, site) over the last 300 s (15 s ticks)
     site: np.ndarray  # i8 site index
 
 
@@ -164,8 +164,8 @@ S_NOW, S_NEXT_TEL, S_NEXT_AS, S_NODE_OVERHEAD_H100, S_NODE_OVERHEAD_A100 = range
 S_GAMMA, S_TOKEN_BUDGET, S_RELEASE_MARGIN, S_AS_TARGET, S_LOAD_POWER_FRAC = range(5, 10)
 N_FSCALARS = 10
 # int scalars
-S_ARR_PTR, S_ADMISSION, S_ROUTING, S_EDF, S_AUTOSCALE, S_HEAP_N, S_AS_TICK = range(7)
-S_RR = 7  # round-robin pointer of model m at S_RR + m (one per model: a shared one skews the rotation)
+S_ARR_PTR, S_ADMISSION, S_ROUTING, S_EDF, S_AUTOSCALE, S_HEAP_N, S_AS_TICK, S_N_SITES = range(8)
+S_RR = 8  # round-robin pointer of model m at S_RR + m (one per model: a shared one skews the rotation)
 MAX_MODELS = 8
 N_ISCALARS = S_RR + MAX_MODELS
 
