@@ -107,10 +107,10 @@ class AureliusPolicy(Policy):
         default windows (3 seeds) it turned more decisions into deviations whose autoscaler transients the
         model does not see: ERCOT gp/$ 479.0 (453.9-496.5) against 496.0 without it, PJM 1087.8 vs 1091.9,
         CAISO 917.1 vs 920.8 (benchmarks/results/).
-    site_shift : three-site mode: also propose plans that move the pricier sites' replicas to the cheapest site
-        at once (arm `aurelius-site-shift`). Off by default: on the three-site window (1 h, seed 0) it cut
-        GPU-hours and energy (gp/$ 523.0 vs production's 388.5) but raised chat violations 1.5 pp, and the
-        fallback plan (the reference's site order) moves the replicas back, so decisions alternate.
+    site_placement : three-site mode: also propose every plan placed, the work that may run anywhere moving to the
+        site with the lowest forecast price (`candidates._placed`; arm `aurelius-placement`). Off by default: the
+        forward model does not see the move's cold starts and doubled replicas, and on the ERCOT window (1 h,
+        seed 0) the arm cut energy cost but lost gp/$ to production (benchmarks/results/).
     """
 
     name = "aurelius"
@@ -122,7 +122,7 @@ class AureliusPolicy(Policy):
                  reference_policy: Policy | None = None, gate_config: GateConfig | None = None,
                  search_config: SearchConfig | None = None, name: str | None = None,
                  also_references: tuple[str, ...] = (), also_reference_policies: tuple[Policy, ...] = (),
-                 clock_levels: int = 1, floor_release: bool = False, site_shift: bool = False) -> None:
+                 clock_levels: int = 1, floor_release: bool = False, site_placement: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         self.mode = mode
@@ -140,7 +140,7 @@ class AureliusPolicy(Policy):
         self.also_reference_policies = also_reference_policies
         self.clock_levels = AUDIT_CLOCK_LEVELS if mode == "clock-only" else clock_levels
         self.floor_release = floor_release
-        self.site_shift = site_shift
+        self.site_placement = site_placement
         self.gate_config = gate_config or GateConfig()
         self.search_config = search_config or _search_config(mode)
         self.name = name or ("oracle" if oracle else "aurelius" if mode == "full" else f"aurelius-{mode}")
@@ -273,7 +273,8 @@ class AureliusPolicy(Policy):
             tpot_slo_s=self._observed.tpot_slo_s, admission=schedule.admission() if schedule else None,
             swap_budget=self.gate_config.swap_budget, risk_aversion=self.risk_aversion,
             deferrable_release_rps=schedule.release[0] / forecasts[0].period_s if schedule else None,
-            serving=serving, current_replicas=self.world_model.replicas(as_of), site_shift=self.site_shift,
+            serving=serving, current_replicas=self.world_model.replicas(as_of),
+            site_placement=self.site_placement,
         )
         return generate(inp, self.mode)
 
@@ -323,5 +324,5 @@ def _arm(arm: str, **fixed: Any) -> None:
 _arm("aurelius-clock-only", mode="clock-only")
 _arm("aurelius-fixed-grid", mode="fixed-grid")
 _arm("aurelius-no-deferral", mode="no-deferral")
-_arm("aurelius-site-shift", site_shift=True)
+_arm("aurelius-placement", site_placement=True)
 _arm("oracle", oracle=True)

@@ -55,7 +55,7 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-clock-only": {"mode": "clock-only"},
     "aurelius-fixed-grid": {"mode": "fixed-grid"},
     "aurelius-no-deferral": {"mode": "no-deferral"},
-    "aurelius-site-shift": {"mode": "full", "site_shift": True},
+    "aurelius-placement": {"mode": "full", "site_placement": True},
     "oracle": {"mode": "full", "oracle": True},
 }
 #: The Pareto reference of the aurelius arms: the strongest reference policy (DESIGN.md). Measured on the

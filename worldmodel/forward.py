@@ -398,7 +398,9 @@ class ForwardModel:
         for (it misses the prefill share of the runtime's metric and predicted the reference's 8B pool to
         collapse to one replica); the same plus the GPU busy share (always 1.0 on a decoding 70B pool). The count
         is split floors first, then existing replicas, then growth in the plan's pool order, each pool
-        within its ceiling and the GPUs left of its type (the inventory).
+        within its ceiling and the GPUs left of its type (the inventory). With several sites each site's
+        autoscaler grows by its share of the load (the router spreads work by serving capacity): growth is split
+        over the sites in proportion to the replicas they hold, what a site's ceilings refuse going to the rest.
         """
         floors = [p.plan.replica_floor for p in pools]
         if plan.autoscale:
@@ -425,6 +427,20 @@ class ForwardModel:
             kept = max(p.current - p.released, floors[k])
             grow(k, min(p.plan.replica_ceiling, kept) if plan.autoscale else floors[k])
         if plan.autoscale:
+            sites = list(dict.fromkeys(p.plan.site for p in pools))
+            if len(sites) > 1:  # one autoscaler per site: each grows by its share of the load, so growth
+                # follows the sites' present counts (equal when none has any); a site at its ceilings
+                # leaves its share to the others (the router sends them what it cannot take)
+                have = {s: sum(counts[k] for k, p in enumerate(pools) if p.plan.site == s) for s in sites}
+                total = sum(have.values())
+                growth = desired
+                for s in sites:
+                    add = math.ceil(growth * (have[s] / total if total > 0 else 1.0 / len(sites)) - 1e-9)
+                    for k, p in enumerate(pools):
+                        if p.plan.site == s and add > 0:
+                            before = counts[k]
+                            grow(k, min(p.plan.replica_ceiling, counts[k] + add))
+                            add -= counts[k] - before
             for k, p in enumerate(pools):
                 grow(k, p.plan.replica_ceiling)
         return counts

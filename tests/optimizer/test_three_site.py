@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -9,7 +10,7 @@ import polars as pl
 from opt_fakes import SERVING, TPOT_SLO_S, forecast
 
 from forecasting.bundle import MarketForecaster
-from optimizer.candidates import GenerationInputs, generate, site_prices
+from optimizer.candidates import MOVE_SHARE, GenerationInputs, generate, site_prices
 from optimizer.levers import lever_space
 from optimizer.plan import Plan, PoolPlan
 from optimizer.policy import History, Observations
@@ -84,29 +85,40 @@ def test_residency_shares_come_from_arrivals():
                             ("llama-3.1-8b", "us-east"): 0.5}
 
 
-def inputs(f, shift: bool = False) -> GenerationInputs:  # noqa: ANN001
+def inputs(f) -> GenerationInputs:  # noqa: ANN001
     ref = plan_at("site-pjm", "site-ercot", "site-caiso")
     return GenerationInputs(
         fleet=FLEET3, space=lever_space(FLEET3, ref.pools, clock_levels=1), reference=ref, previous=ref,
         forecasts=(f,) * 3, price_history_usd_mwh=(50.0, 100.0), tpot_slo_s=TPOT_SLO_S, admission=None,
-        swap_budget=16, serving=SERVING, site_shift=shift,
+        swap_budget=16, serving=SERVING, site_placement=True,
     )
 
 
-def test_placed_plans_grow_at_the_cheapest_site_and_floor_pinned_work_elsewhere():
+def test_placed_plans_keep_only_pinned_work_at_the_pricier_sites():
     f = priced(400.0, 20.0, 60.0, pinned={("llama-3.1-70b", "us-east"): 0.3}, chat=40.0)
     prices = site_prices(inputs(f))
     assert prices["site-ercot"] == 20.0 and prices["site-caiso"] == 60.0 and prices["site-pjm"] >= 400.0
-    placed = next(p for p in generate(inputs(f)) if p.label == "reference@cheap-sites")
-    assert [p.site for p in placed.pools][:2] == ["site-ercot", "site-ercot"]
-    assert [p.site for p in placed.pools][-2:] == ["site-pjm", "site-pjm"]
+    placed = next(p for p in generate(inputs(f)) if p.label == "reference@cheap-site")
+    assert [p.site for p in placed.pools] == ["site-ercot"] * 2 + ["site-caiso"] * 2 + ["site-pjm"] * 2
+    for p in placed.pools:
+        if p.site != "site-ercot":  # nothing known to run there: the pinned floor, no growth beyond it
+            assert p.replica_ceiling == p.replica_floor
     pjm70 = next(p for p in placed.pools if p.site == "site-pjm" and p.model == "llama-3.1-70b")
     assert pjm70.replica_floor > 1  # 30% of the 70B demand may only run in us-east
     caiso70 = next(p for p in placed.pools if p.site == "site-caiso" and p.model == "llama-3.1-70b")
     assert caiso70.replica_floor == 1  # nothing pinned to us-west: the reference's floor
-    assert not any(p.label.endswith("-shift") for p in generate(inputs(f)))
-    shifted = next(p for p in generate(inputs(f, shift=True)) if p.label == "reference@cheap-sites-shift")
-    assert all(p.replica_ceiling == p.replica_floor for p in shifted.pools if p.site != "site-ercot")
+    running = {("site-pjm", "llama-3.1-70b", "H100"): 6, ("site-ercot", "llama-3.1-70b", "H100"): 2}
+    plans = generate(replace(inputs(f), current_replicas=running))
+    moving = next(p for p in plans if p.label == "reference@cheap-site")
+    pjm70 = next(p for p in moving.pools if p.site == "site-pjm" and p.model == "llama-3.1-70b")
+    ercot70 = next(p for p in moving.pools if p.site == "site-ercot" and p.model == "llama-3.1-70b")
+    assert pjm70.replica_ceiling == 6  # may shrink, not grow
+    assert ercot70.replica_floor == 2 + math.ceil(MOVE_SHARE * (6 - pjm70.replica_floor))  # started at the cheap site
+
+
+def test_placed_plans_only_when_asked_and_with_several_sites():
+    f = priced(400.0, 20.0, 60.0)
+    assert not any("cheap-site" in p.label for p in generate(replace(inputs(f), site_placement=False)))
 
 
 def test_one_site_gets_no_placed_plans():

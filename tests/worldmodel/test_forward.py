@@ -230,3 +230,17 @@ def test_lowering_the_floor_in_force_releases_the_replicas_it_held(world, fm):
     released = fm.evaluate(held, low, f)  # the in-force floors held them: the autoscaler lets them go at once
     kept = fm.evaluate(held, _plan(n70=4, n8=4), f)  # the same floors again: nothing released
     assert released.gpu_hours < unknown.gpu_hours == pytest.approx(kept.gpu_hours)
+
+
+def test_several_sites_grow_by_their_share_one_site_in_plan_order():
+    """One autoscaler per site: growth follows the replicas each site holds; at one site the plan's order."""
+    from worldmodel.forward import _Pool
+
+    def pools(*sites):  # noqa: ANN002, ANN202
+        return [_Pool(PoolPlan(s, "llama-3.1-8b", "H100", 0, 64, 1, "bf16", 256, 1980), None, n, 0, 0.0, (), 0.0)
+                for s, n in zip(sites, (4, 2), strict=True)]
+
+    plan = Plan(pools=(), autoscale=True, autoscale_target=0.8)
+    lam = 9.6  # 12 replicas at 1 req/s each and the 80% target
+    assert ForwardModel._place(plan, pools("site-pjm", "site-ercot"), [1.0, 1.0], lam, {}) == [8.0, 4.0]
+    assert ForwardModel._place(plan, pools("site-pjm", "site-pjm"), [1.0, 1.0], lam, {}) == [10.0, 2.0]
