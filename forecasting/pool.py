@@ -2,9 +2,10 @@
 calibrate intervals on the residuals of what was actually issued.
 
 Every `shadow_every` grid steps the forecaster replays a forecast origin over its own view (targets not yet
-seen at that origin): each member forecasts from the prefix before the origin, the member with the lowest
-mean absolute error over the last `select_window` origins (targets known at that origin) is chosen, and the
-calibrated interval and confidence are recorded. Origins are recomputed from the view, never from state the
+seen at that origin): each member forecasts from the prefix before the origin, per bucket of steps ahead
+(`HORIZON_BUCKETS`) the member with the lowest mean absolute error over those steps of the last
+`select_window` origins (targets known at that origin) is chosen, and the calibrated interval and confidence
+of the issued forecast are recorded. Origins are recomputed from the view, never from state the
 view does not justify: a later call whose view is not an extension of the last one drops the origins that
 view no longer supports. Seasonal naive lag one day and lag one week are always in the pool.
 """
@@ -23,8 +24,14 @@ from forecasting.store import SeriesView, first_mismatch, from_us
 
 HOURLY_POOL = ("snaive_day", "snaive_week", "seasonal_mean", "recent_mean", "lag_regression",
                "river_holtwinters", "sf_mstl", "sf_autoets", "sf_holtwinters")
-PERIOD_POOL = ("snaive_day", "snaive_week", "seasonal_mean", "recent_mean", "lag_regression",
+PERIOD_POOL = ("snaive_day", "snaive_week", "seasonal_mean", "recent_mean", "last_value", "lag_regression",
                "river_holtwinters", "sf_mstl")
+#: Steps-ahead buckets (start indices, 0 = one step ahead) within which one member is chosen: persistence
+#: tends to win the first steps, seasonal members the later ones. Finer buckets (1, 2-6, 7-12, 13-24, 25+)
+#: were tried: 30 origins x 6 steps chose worse members at 7-12 (PJM 2023 price MASE 0.414 vs 0.366 there).
+#: `last_value` joins the period pool only: in the hourly price pool it carried spikes forward for hours
+#: (PJM 2021 price MASE ratio 1.295 against 0.842 without it; `aurelius forecast-eval --origins 60`).
+HORIZON_BUCKETS = (0, 1, 6)
 ALWAYS = ("snaive_day", "snaive_week")
 COMBO = "combo_top3"
 
@@ -106,15 +113,20 @@ class PoolForecaster(Forecaster):
             points["recent_mean"] = make_model("recent_mean", self.season, self.week).predict(sub, horizon)
         hist = self._origins
         errors = self._errors(sub, hist[-self.select_window:], points)
-        ranked = sorted((e, n) for n, e in errors.items() if n != COMBO)
+        overall = {n: float(np.nanmean(e)) for n, e in errors.items()}
+        ranked = sorted((e, n) for n, e in overall.items() if n != COMBO)
         if len(ranked) >= 3:  # the mean of the three best members competes as one more member
             points[COMBO] = np.mean([points[n] for _, n in ranked[:3]], axis=0)
-        scored = {n: e for n, e in errors.items() if n in points}
-        if scored:
-            chosen = min(scored, key=lambda n: (scored[n], n))
-        else:  # nothing scored yet: the day-ago naive, else whatever forecasts
-            fallback = [n for n in ("snaive_day", "seasonal_mean", "recent_mean") if n in points]
-            chosen = fallback[0] if fallback else next(iter(points))
+        fallback = [n for n in ("snaive_day", "seasonal_mean", "recent_mean") if n in points]
+        default = fallback[0] if fallback else next(iter(points))  # nothing scored yet: the day-ago naive
+        point = np.array(points[default], dtype=float)
+        picks: list[str] = []
+        for b, (lo, hi) in enumerate(self._buckets(len(point))):
+            scored = {n: e[b] for n, e in errors.items() if n in points and np.isfinite(e[b])}
+            name = min(scored, key=lambda n: (scored[n], n)) if scored else default
+            point[lo:hi] = points[name][lo:hi]
+            picks.append(name)
+        chosen = picks[0] if len(set(picks)) == 1 else "/".join(picks)
         adj = hist[-1].adj if hist else {lvl: 0.0 for lvl in LEVELS}
         bands, recent = None, None
         calib = hist[-self.calib_window:]
@@ -134,20 +146,32 @@ class PoolForecaster(Forecaster):
         bands = np.stack([lo80, hi80, np.minimum(bands[2], lo80), np.maximum(bands[3], hi80)])
         level = float(np.mean(np.abs(sub.filled[-self.season:])))
         conf = confidence(bands[1, : self.season] - bands[0, : self.season], level, recent)
-        return _Origin(o, points, chosen, points[chosen], bands, adj, conf)
+        return _Origin(o, points, chosen, point, bands, adj, conf)
 
-    def _errors(self, sub: SeriesView, hist: list[_Origin], points: dict[str, np.ndarray]) -> dict[str, float]:
-        """Mean absolute error over `hist` (targets known in `sub`) of every member that can forecast now."""
-        out: dict[str, float] = {}
+    def _buckets(self, n: int) -> list[tuple[int, int]]:
+        """[lo, hi) step ranges of `HORIZON_BUCKETS` within n steps (the last runs to n)."""
+        starts = [b for b in HORIZON_BUCKETS if b < n]
+        return list(zip(starts, [*starts[1:], n], strict=True))
+
+    def _errors(self, sub: SeriesView, hist: list[_Origin], points: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Mean absolute error per horizon bucket over `hist` (targets known in `sub`) of every member that can
+        forecast now (NaN for a bucket with too few scored pairs: fewer than its steps or half its targets)."""
+        out: dict[str, np.ndarray] = {}
         if not hist:
             return out
         y, _ = self._scored(sub, hist)
         nan = np.full(self.max_horizon, np.nan)
+        buckets = self._buckets(self.max_horizon)
         for name in (*points, COMBO):
             pred = np.stack([r.members.get(name, nan)[: self.max_horizon] for r in hist])
-            ok = np.isfinite(y) & np.isfinite(pred)
-            if ok.sum() >= max(self.max_horizon, np.isfinite(y).sum() // 2):
-                out[name] = float(np.mean(np.abs(y[ok] - pred[ok])))
+            err = np.full(len(buckets), np.nan)
+            for b, (lo, hi) in enumerate(buckets):
+                yb, pb = y[:, lo:hi], pred[:, lo:hi]
+                ok = np.isfinite(yb) & np.isfinite(pb)
+                if ok.sum() >= max(hi - lo, np.isfinite(yb).sum() // 2) and ok.any():
+                    err[b] = float(np.mean(np.abs(yb[ok] - pb[ok])))
+            if np.isfinite(err).any():
+                out[name] = err
         return out
 
     # -- the protocol ---------------------------------------------------------------------------------
@@ -216,5 +240,5 @@ def _single(model: str) -> type[PoolForecaster]:
 
 
 register("pool")(PoolForecaster)
-for _m in HOURLY_POOL:
+for _m in dict.fromkeys((*HOURLY_POOL, *PERIOD_POOL)):
     register(_m)(_single(_m))

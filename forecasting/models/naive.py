@@ -1,4 +1,4 @@
-"""Seasonal naive (lag one day, lag one week), the seasonal profile mean and the recent mean."""
+"""Seasonal naive (lag one day, lag one week), the seasonal profile mean, the recent mean and the last value."""
 
 from __future__ import annotations
 
@@ -62,3 +62,13 @@ class RecentMean(PointModel):
     def predict(self, view: SeriesView, n: int) -> np.ndarray | None:
         w = max(1, self.season // 8)
         return np.full(n, float(np.mean(view.filled[-w:])))
+
+
+@register_model
+class LastValue(PointModel):
+    """The last observed value, held: persistence, the usual winner one or two steps ahead of a price spike."""
+
+    name = "last_value"
+
+    def predict(self, view: SeriesView, n: int) -> np.ndarray | None:
+        return np.full(n, float(view.filled[-1]))
