@@ -60,6 +60,7 @@ class _Pool:
     loading_left_s: tuple[float, ...]
     chunk_s: float  # compute time of one full chunked-prefill budget (s)
     released: int = 0  # replicas held only by the in-force plan's floor that this plan's floor lets go (count)
+    power_clock_mhz: float = 0.0  # the clock its power is drawn at: the plan's, capped by the observed (MHz)
 
 
 @dataclass
@@ -195,7 +196,9 @@ class ForwardModel:
         reloads = state.warm + state.loading if state.precision != p.precision else 0
         current = state.warm + state.loading
         released = max(min(current, snap.floors.get(p.key, 0)) - p.replica_floor, 0)
-        return _Pool(p, cfg, current, reloads, load_s, left, chunk_s, released)
+        # the power cap and heat hold the clock below the applied one; a lower plan clock runs cooler (untouched)
+        throttled = state.clock_eff_mhz if state.clock_eff_mhz > 0 else cfg.sm_clock_mhz
+        return _Pool(p, cfg, current, reloads, load_s, left, chunk_s, released, min(cfg.sm_clock_mhz, throttled))
 
     def _scenario(
         self,
@@ -485,10 +488,8 @@ class ForwardModel:
         in_flight = lam_r * (t_pf + load.n_out * t_dec / (1.0 - rho_pf))
         busy = 1.0 - math.exp(-in_flight)  # P(at least one sequence in flight), Poisson occupancy
         act = sm.activity_from_util(100.0 * busy)  # the proxy power is calibrated against (DCGM GPU_UTIL)
-        power = pp.tp * (
-            serving * sm.gpu_power_w(pp.gpu, p.cfg.sm_clock_mhz, act)
-            + loading * sm.gpu_power_w(pp.gpu, p.cfg.sm_clock_mhz, 0.1)
-        )
+        clock = p.power_clock_mhz or p.cfg.sm_clock_mhz
+        power = pp.tp * (serving * sm.gpu_power_w(pp.gpu, clock, act) + loading * sm.gpu_power_w(pp.gpu, clock, 0.1))
         # chunked prefill: lam_r x chunks/s iterations carry a chunk of compute c; the rest decode only
         chunks = max(1.0, load.n_in / sm.priors.chunk_tokens)
         c_chunk = t_pf / chunks

@@ -26,6 +26,8 @@ class PoolState:
     warm, loading, cold : replicas by state (count); tp, precision, sm_clock_mhz (MHz), max_batch (count):
     the configuration most recently applied; loading_elapsed_s : seconds each loading replica has loaded;
     running, waiting : mean sequences running / waiting per warm replica over the last minute (count).
+    clock_eff_mhz : mean SM clock the warm replicas' GPUs reported over the last minute (MHz; 0 when none):
+        below the applied clock when the power cap or heat throttles them.
     """
 
     site: str
@@ -41,6 +43,7 @@ class PoolState:
     loading_elapsed_s: tuple[float, ...] = ()
     running: float = 0.0
     waiting: float = 0.0
+    clock_eff_mhz: float = 0.0
 
     @property
     def key(self) -> PoolKey:
@@ -102,7 +105,7 @@ class FleetSnapshot:
 _POOLS_SQL = f"""
 WITH r0 AS ({REPLICA_STATE_SQL}),
 tel AS (SELECT replica_id, avg(num_requests_running) AS running, avg(num_requests_waiting) AS waiting,
-               max(DCGM_FI_DEV_GPU_UTIL) AS util_max
+               max(DCGM_FI_DEV_GPU_UTIL) AS util_max, avg(DCGM_FI_DEV_SM_CLOCK) AS clock
         FROM gpu_telemetry WHERE event_at > $as_of::TIMESTAMPTZ - INTERVAL 60 SECOND
           AND event_at <= $as_of AND arrived_at <= $as_of AND replica_id IS NOT NULL GROUP BY 1),
 -- a replica whose last event says loading but whose GPUs report work is serving (a pre-warmed replica
@@ -116,7 +119,8 @@ SELECT site, model, gpu_type, count(*) FILTER (WHERE state = 'warm') AS warm,
        arg_max(sm_clock_mhz, since_at) AS sm_clock_mhz, arg_max(max_batch, since_at) AS max_batch,
        list(epoch($as_of::TIMESTAMPTZ - since_at)) FILTER (WHERE state = 'loading') AS loading_elapsed_s,
        coalesce(avg(tel.running) FILTER (WHERE state = 'warm'), 0) AS running,
-       coalesce(avg(tel.waiting) FILTER (WHERE state = 'warm'), 0) AS waiting
+       coalesce(avg(tel.waiting) FILTER (WHERE state = 'warm'), 0) AS waiting,
+       coalesce(avg(tel.clock) FILTER (WHERE state = 'warm'), 0) AS clock_eff_mhz
 FROM r LEFT JOIN tel USING (replica_id) GROUP BY ALL ORDER BY ALL
 """
 _QUEUES_SQL = """
@@ -170,6 +174,7 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
             tuple(r["loading_elapsed_s"] or ()),
             float(r["running"]),
             float(r["waiting"]),
+            float(r["clock_eff_mhz"]),
         )
         for r in state.frame(_POOLS_SQL, p).iter_rows(named=True)
     )

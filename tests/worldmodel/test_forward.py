@@ -244,3 +244,13 @@ def test_several_sites_grow_by_their_share_one_site_in_plan_order():
     lam = 9.6  # 12 replicas at 1 req/s each and the 80% target
     assert ForwardModel._place(plan, pools("site-pjm", "site-ercot"), [1.0, 1.0], lam, {}) == [8.0, 4.0]
     assert ForwardModel._place(plan, pools("site-pjm", "site-pjm"), [1.0, 1.0], lam, {}) == [10.0, 2.0]
+
+
+def test_a_throttled_clock_draws_less_power_a_lower_plan_clock_is_untouched(world, fm):
+    _, snap = world
+    f = _forecast(0.5)
+    hot = replace(snap, pools=tuple(replace(p, sm_clock_mhz=1980.0, clock_eff_mhz=1800.0) for p in snap.pools))
+    cool = replace(snap, pools=tuple(replace(p, sm_clock_mhz=1980.0, clock_eff_mhz=1980.0) for p in snap.pools))
+    assert fm.evaluate(hot, _plan(), f).energy_kwh < fm.evaluate(cool, _plan(), f).energy_kwh
+    low = _plan(clock=1500)  # below the throttled clock: drawn at its own clock either way
+    assert fm.evaluate(hot, low, f).energy_kwh == pytest.approx(fm.evaluate(cool, low, f).energy_kwh)
