@@ -532,7 +532,10 @@ class ForwardModel:
             released, carried, missed = batch_info
             viol = min(missed / offered, 1.0) if offered > 0 else 0.0
             out.carryover += carried
-            out.add(ClassOutcome(d.request_class, offered, released, viol, viol, 0.0, 0.0), offered * (1 - viol))
+            # what runs this period within its deadline is met, backlog included; what is carried is the
+            # objective's to credit (at the cost it will run at), so holding and releasing count the same work
+            met = max(released - missed, 0.0)
+            out.add(ClassOutcome(d.request_class, offered, released, viol, viol, 0.0, 0.0), met)
             return
         lam_tot = sum(r.lam for r in res)
         if not res or mu <= 0.0:
