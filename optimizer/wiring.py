@@ -39,7 +39,6 @@ import polars as pl
 
 from optimizer.plan import Plan
 from optimizer.policy import History, Observations, Policy, PolicyContext, create
-from streams.workload.protocol import PROTOCOL_V1
 from worldmodel.cost import CostConfig
 from worldmodel.forecast_types import DisturbanceForecast, Interval, PredictedOutcome
 from worldmodel.forward import ForwardModel
@@ -47,7 +46,7 @@ from worldmodel.selfcal import SelfCalibrator
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import FleetSnapshot, PoolState, snapshot
 from worldmodel.state import WorldState
-from worldmodel.state.calibration import learn_tails, period_residuals, record
+from worldmodel.state.calibration import calibrate_period
 
 #: The aurelius arms and their constructor settings (optimizer/aurelius.py).
 AURELIUS_ARMS: dict[str, dict[str, Any]] = {
@@ -69,7 +68,6 @@ DEFAULT_ALSO_REFERENCES: tuple[str, ...] = ()
 #: Waiting deferrable requests' deadlines handed to the forecast (a quantile sample; count).
 DEADLINE_SAMPLE = 24
 
-_DEFERRABLE_SQL = ", ".join(f"'{c}'" for c in ("code", "chat", "batch") if PROTOCOL_V1.spec(c).deferrable)
 _KIND_OF = {
     "arrivals": "request_arrival",
     "completions": "request_completion",
@@ -138,11 +136,7 @@ class WorldStateModel:
         self._snap = None
         start, end = self._last, obs.as_of
         self.state.aggregate_period(start, end)
-        interactive = _InteractiveCompletions(self.state)
-        residuals = period_residuals(interactive, self._prior, start, end)
-        scored, _ = self.cal.observe_frame(residuals, end)
-        learn_tails(interactive, self.cal, start, end)
-        record(self.state, self.cal, scored, end)
+        calibrate_period(self.state, self.cal, self._prior, start, end)
         self._serving = self._prior.with_corrections(self.cal.corrections())
         self._last = end
 
@@ -217,23 +211,6 @@ def _no_offer_no_violation(out: PredictedOutcome) -> PredictedOutcome:
         replace(c, violation_rate=0.0, violation_rate_hi=0.0) if c.offered <= 0.0 else c for c in out.classes
     )
     return replace(out, classes=classes)
-
-
-class _InteractiveCompletions:
-    """The state as the residual queries read it, with deferrable completions left out.
-
-    A deferrable request's TTFT includes the time it was deliberately held (minutes to hours), so its
-    least-queued TTFT is no measure of prefill speed; fed to the prefill residual it drives the correction
-    factor up tenfold after a few held periods. Workaround until worldmodel/state/calibration.py filters
-    by class itself: the residual queries see `request_completion` restricted to interactive classes.
-    """
-
-    def __init__(self, state: WorldState) -> None:
-        self.state = state
-
-    def frame(self, sql: str, params: Any = None) -> pl.DataFrame:
-        sub = f"(SELECT * FROM request_completion WHERE request_class NOT IN ({_DEFERRABLE_SQL})) AS rc"
-        return self.state.frame(sql.replace("FROM request_completion", f"FROM {sub}"), params)
 
 
 class _Backlog:

@@ -35,7 +35,7 @@ from worldmodel.selfcal import SelfCalibrator
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import snapshot
 from worldmodel.state import WorldState
-from worldmodel.state.calibration import period_residuals, record
+from worldmodel.state.calibration import calibrate_period
 
 #: Imposed-action targets (issue 5).
 TARGETS = {
@@ -232,8 +232,7 @@ def predict_stream(periods: Iterable[RealizedPeriod], period_s: float, cost_conf
             }
         )
         ws.aggregate_period(start, end)
-        scored, _ = cal.observe_frame(period_residuals(ws, sm, start, end), end)
-        record(ws, cal, scored, end)
+        calibrate_period(ws, cal, sm, start, end)
     ws.close()
     return rows
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
+from typing import Any
 
 import polars as pl
 
+from streams.workload.protocol import PROTOCOL_V1
 from worldmodel.selfcal import ANY, TAIL_LEVELS, Quantity, SelfCalibrator, model_key
 from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max
 from worldmodel.state.store import REPLICA_STATE_SQL, WorldState
@@ -156,3 +158,33 @@ def record(state: WorldState, cal: SelfCalibrator, residuals: pl.DataFrame, at: 
         schema={"recorded_at": pl.Datetime("us", "UTC"), "band": pl.Float64, "reason": pl.String},
     )
     state.replace_rows("risk_band", band)
+
+
+def calibrate_period(state: WorldState, cal: SelfCalibrator, prior: ServingModel, start: datetime,
+                     end: datetime) -> None:
+    """Self-calibrate from one ingested period: step-time and power residuals and TPOT tails of the interactive
+    completions (`InteractiveCompletions`), then the records (the one update the policy and
+    `aurelius worldmodel-validate` both run)."""
+    interactive = InteractiveCompletions(state)
+    scored, _ = cal.observe_frame(period_residuals(interactive, prior, start, end), end)
+    learn_tails(interactive, cal, start, end)
+    record(state, cal, scored, end)
+
+
+class InteractiveCompletions:
+    """The state as the residual queries read it, with deferrable completions left out.
+
+    A deferrable request's TTFT includes the time it was deliberately held (minutes to hours), so its
+    least-queued TTFT is no measure of prefill speed; fed to the prefill residual it drives the correction
+    factor up tenfold after a few held periods. The residual queries see `request_completion` restricted to
+    the interactive classes.
+    """
+
+    _DEFERRABLE = ", ".join(f"'{c.name}'" for c in PROTOCOL_V1.classes if c.deferrable)
+
+    def __init__(self, state: WorldState) -> None:
+        self.state = state
+
+    def frame(self, sql: str, params: Any = None) -> pl.DataFrame:
+        sub = f"(SELECT * FROM request_completion WHERE request_class NOT IN ({self._DEFERRABLE})) AS rc"
+        return self.state.frame(sql.replace("FROM request_completion", f"FROM {sub}"), params)
