@@ -288,15 +288,19 @@ def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed:
         return None
     surge = _surge_ratio(now)
     ref_ceiling = {p.key: p.replica_ceiling for p in inp.reference.pools}
+    ref_floor = {p.key: p.replica_floor for p in inp.reference.pools}
     floors = _prewarm_floors(inp, {q.key: sol.replicas[q.key] for q in pools})
+    # no arrivals forecast (the drain): only held deferrable work is left, and the ceiling is what releasing it
+    # scales the fleet to, so the sized count (at least the reference's floor: every model stays served) caps it
+    drain = not any(d.arrivals_per_s.hi95 > 0.0 for d in now.demand)
     sized = []
     for q in pools:
         n = sol.replicas[q.key]
         # the autoscaler's room above the floor: at least the reference's (an unused ceiling costs nothing on
         # either basis; a tight one turns a burst the forecast missed into TTFT violations)
-        ceiling = min(
-            inp.space.pool(q.key).max_replicas, max(math.ceil(n * surge) + (1 if n else 0), ref_ceiling.get(q.key, 0))
-        )
+        headroom = max(math.ceil(n * surge) + (1 if n else 0), ref_ceiling.get(q.key, 0))
+        room = max(n, floors[q.key], ref_floor[q.key]) if drain else headroom
+        ceiling = min(inp.space.pool(q.key).max_replicas, room)
         sized.append(replace(q, replica_floor=floors[q.key], replica_ceiling=ceiling))
     return replace(inp.reference.with_pools(tuple(sized)), label=label)
 
