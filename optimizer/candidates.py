@@ -27,6 +27,7 @@ from optimizer.sizing import idle_power_w, kv_sequences, replica_power_w, replic
 from worldmodel.cost import CostConfig
 from worldmodel.fleet import GPUS_PER_NODE, FleetSpec, GpuType
 from worldmodel.forecast_types import DisturbanceForecast
+from worldmodel.forward import market_price
 from worldmodel.servingmodel import ServingModel
 
 _COST = CostConfig()
@@ -181,8 +182,7 @@ def site_prices(inp: GenerationInputs, periods: int | None = None) -> dict[str, 
     for site in dict.fromkeys(p.site for p in inp.reference.pools):
         vals = []
         for f in inp.forecasts[:periods]:
-            iv = next((m.price_usd_mwh for m in f.other_markets if m.market == market.get(site)), f.price_usd_mwh)
-            vals.append(risk_adjusted_price(iv, inp.risk_aversion))
+            vals.append(risk_adjusted_price(market_price(f, market.get(site))[0], inp.risk_aversion))
         out[site] = float(np.mean(vals))
     return out
 

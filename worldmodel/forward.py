@@ -32,7 +32,7 @@ from streams.workload.protocol import PROTOCOL_V1, Protocol
 from worldmodel import cost
 from worldmodel.fleet import GPUS_PER_NODE as _GPUS_PER_NODE
 from worldmodel.fleet import default_fleet
-from worldmodel.forecast_types import ClassDemand, ClassOutcome, DisturbanceForecast, PredictedOutcome
+from worldmodel.forecast_types import ClassDemand, ClassOutcome, DisturbanceForecast, Interval, PredictedOutcome
 from worldmodel.servingmodel import (
     PoolConfig,
     ServingModel,
@@ -274,11 +274,7 @@ class ForwardModel:
 
     def _price(self, fc: DisturbanceForecast, site: str, scenario: str) -> float:
         """The energy price of `site` in this scenario ($/MWh): its market's, the 95% bound where unpublished."""
-        market = self.site_markets.get(site)
-        price, published = fc.price_usd_mwh, fc.price_published
-        for m in fc.other_markets:
-            if m.market == market:
-                price, published = m.price_usd_mwh, m.published
+        price, published = market_price(fc, self.site_markets.get(site))
         return price.hi95 if scenario == "hi95" and not published else price.point
 
     def _model_load(
@@ -621,6 +617,15 @@ def _urgent_share(deadlines_s: tuple[float, ...], T: float) -> float:
 def _default_inventory() -> dict[tuple[str, str], int]:
     """GPUs per (site, gpu type) of the operator's default fleet (count)."""
     return {(s.name, str(g.gpu)): s.gpus(g.gpu) for s in default_fleet().sites for g in s.groups}
+
+
+def market_price(fc: DisturbanceForecast, market: str | None) -> tuple[Interval, bool]:
+    """A market's price for the period ($/MWh) and whether it was published: from `fc.other_markets` where the
+    forecast carries the market, else the forecast's own price."""
+    for m in fc.other_markets:
+        if m.market == market:
+            return m.price_usd_mwh, m.published
+    return fc.price_usd_mwh, fc.price_published
 
 
 def _default_site_markets() -> dict[str, str]:
