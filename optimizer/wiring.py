@@ -322,7 +322,8 @@ class ForecastingProvider:
         assert self.mf is not None, "start() first"
         self.mf.observe(obs)
         self.backlog.update(obs)
-        self.residency.update(obs)
+        if len(self.mf.other_markets):  # residency is a choice only with several sites
+            self.residency.update(obs)
 
     def forecast(self, as_of: datetime, periods: int) -> tuple[DisturbanceForecast, ...]:
         assert self.mf is not None, "start() first"
