@@ -9,8 +9,11 @@ A queueing approximation with batching, not a per-request simulation. Per pool (
 2. batch: Little's law, B = lambda_r x (T_prefill + n_out x TPOT(B)), solved by fixed point and capped by
    max_batch and the KV capacity; TPOT = t_decode(B) / (1 - lambda_r x T_prefill) (chunked prefill steals
    iteration time);
-3. TTFT: prefill as an M/G/c queue (c = replicas, service T_prefill / (1 - decode share)), waiting time by
-   the Allen-Cunneen approximation with Sakasegawa's P(wait); an exponential conditional-wait tail gives
+3. TTFT: two waits before the prompt runs, each an M/G/c queue (Allen-Cunneen wait, Sakasegawa's P(wait)):
+   the prompt-chunk queue (c = replicas, service = the prompt's chunks, each riding a decode step) and,
+   once batches fill, a batch slot (c = replicas x batch cap, held for the request's residence); before,
+   the chunk queue ran at the full-batch throughput's utilization, so every busy pool was predicted to
+   queue (p99 TTFT 3x the realized at production load); exponential conditional-wait tails give
    P(TTFT > SLA) and p99; sustained overload and initial backlog by a fluid queue Q(t) = Q0 + (lambda - mu) t;
 4. TPOT tail: chunked-prefill interference over output lengths with a step spread (CV from self-calibration x
    the risk band), and at least the tail shape learned from completions (worldmodel/tails.py);
@@ -24,8 +27,9 @@ bound when unpublished): violation_rate_hi is the 95 %-demand violation, gp_per_
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from optimizer.plan import BatchAdmission, Ordering, Plan, PoolPlan
 from streams.workload.protocol import PROTOCOL_V1, Protocol
@@ -38,11 +42,16 @@ from worldmodel.servingmodel import (
     ServingModel,
     clock_or_max,
     lognormal_exceed,
-    lognormal_q99_ratio,
     size_cv_from_p90,
 )
 from worldmodel.snapshot import FleetSnapshot
-from worldmodel.tails import empirical_exceed, empirical_quantile, fluid_share, tpot_exceed, tpot_q99
+from worldmodel.tails import (
+    chunk_mix,
+    empirical_exceed,
+    fluid_share,
+    tpot_exceed,
+    tpot_quantile,
+)
 
 _RHO_MAX = 0.98
 _SCENARIOS = ("point", "lo80", "hi80", "hi95")
@@ -91,6 +100,7 @@ class _PoolResult:
     fluid: tuple[float, float]  # (initial backlog, net growth rate) of the fluid queue (req, req/s)
     mixed: tuple[float, float, float] = (0.0, 0.0, 0.0)  # decode step (s), share of iterations carrying a
     # prefill chunk (0-1), the chunk's compute (s): per-request TPOT spread from chunked-prefill interference
+    slot_wait: tuple[float, float] = (0.0, 1.0)  # P(waiting for a batch slot) (0-1), its mean wait if so (s)
 
 
 class ForwardModel:
@@ -475,29 +485,34 @@ class ForwardModel:
         t_dec = sm.decode_step_s(p.cfg, b, ctx)
         # prefill is served in chunks that share iterations with decode: each chunk also waits one decode step
         s = t_pf + max(1.0, load.n_in / sm.priors.chunk_tokens) * t_dec
+        # two places a request waits before its first token: the prompt-chunk queue (each replica hands out
+        # chunks first come, first served; busy lam_r x s), and, once the batches are full, a batch slot
+        # (lam_r x residence / b_cap of them held). Both as M/G/c (Sakasegawa's P(wait)) over the serving
+        # replicas' chunk queues and their b_cap x replicas slots.
         c = max(serving, 1.0)
-        rho = min(max(lam_r * s, lam_r / mu_r), _RHO_MAX)
-        if plan.ordering == Ordering.EDF and load.lam_b > 0:  # batch prefill yields to interactive deadlines
-            rho = min(rho * (load.lam_i + 0.5 * load.lam_b) / (load.lam_i + load.lam_b), _RHO_MAX)
-        p_wait = min(rho ** (math.sqrt(2.0 * (c + 1.0)) - 1.0), 1.0)
+        edf = (load.lam_i + 0.5 * load.lam_b) / (load.lam_i + load.lam_b) if load.lam_b > 0 else 1.0
+        if plan.ordering != Ordering.EDF:
+            edf = 1.0  # with EDF the batch prompts yield to interactive deadlines
+        rho = min(lam_r * s * edf, _RHO_MAX)
+        p_wait = _p_wait(rho, c)
         theta = s * (1.0 + load.size_cv**2) / 2.0 / (c * (1.0 - rho))
-        in_flight = lam_r * (t_pf + load.n_out * t_dec / (1.0 - rho_pf))
+        residence = t_pf + load.n_out * t_dec / (1.0 - rho_pf)
+        slots = b_cap * c
+        rho_slot = min(lam_r * residence / b_cap * edf, _RHO_MAX)
+        slot_wait = (_p_wait(rho_slot, slots), residence / (slots * (1.0 - rho_slot)))
+        in_flight = lam_r * residence
         busy = 1.0 - math.exp(-in_flight)  # P(at least one sequence in flight), Poisson occupancy
         act = sm.activity_from_util(100.0 * busy)  # the proxy power is calibrated against (DCGM GPU_UTIL)
         clock = p.power_clock_mhz or p.cfg.sm_clock_mhz
         power = pp.tp * (serving * sm.gpu_power_w(pp.gpu, clock, act) + loading * sm.gpu_power_w(pp.gpu, clock, 0.1))
         # chunked prefill: lam_r x chunks/s iterations carry a chunk of compute c; the rest decode only
-        chunks = max(1.0, load.n_in / sm.priors.chunk_tokens)
-        c_chunk = t_pf / chunks
-        mixed_rate = lam_r * chunks
-        plain_rate = max(1.0 - mixed_rate * (t_dec + c_chunk), 0.0) / t_dec
-        q_mix = mixed_rate / max(mixed_rate + plain_rate, 1e-12)
+        mixed = chunk_mix(lam_r, t_pf, load.n_in / sm.priors.chunk_tokens, t_dec)
         return _PoolResult(
             n,
             serving,
             mu,
             lam,
-            t_dec + q_mix * c_chunk,
+            t_dec + mixed[1] * mixed[2],
             s,
             p_wait,
             theta,
@@ -505,7 +520,8 @@ class ForwardModel:
             b,
             power,
             (q0, lam - mu),
-            (t_dec, q_mix, c_chunk),
+            mixed,
+            slot_wait,
         )
 
     def _class_outcome(
@@ -537,37 +553,49 @@ class ForwardModel:
         if not res or mu <= 0.0:
             out.add(ClassOutcome(d.request_class, offered, 0.0, 1.0, 1.0, math.inf, math.inf), 0.0)
             return
-        v_ttft = v_tpot = ttft99 = tpot99 = 0.0
+        v_ttft = v_tpot = 0.0
         served = 0.0
         n_in = d.input_tokens_mean * (1.0 - d.prefix_hit_rate)
+        size_cv = size_cv_from_p90(d.input_tokens_mean, d.input_tokens_p90)
+        out_cv = size_cv_from_p90(d.output_tokens_mean, d.output_tokens_p90)
+        slo, slo_tpot = spec.ttft_slo_ms / 1e3, spec.tpot_slo_ms / 1e3
+        ttft_tails: list[tuple[float, Callable[[float], float]]] = []
+        tpot_tails: list[tuple[float, Callable[[float], float]]] = []
         for r in res:
             if r.replicas <= 0:  # a pool with no replicas serves none of the class
                 continue
             share = r.lam / lam_tot if lam_tot > 0 else 1.0 / len(res)
             s_cls = r.t_pf * max(n_in, 1.0) / max(load.n_in, 1.0)
-            slo = spec.ttft_slo_ms / 1e3
-            q0, growth = r.fluid
-            wait_x = max(slo - s_cls, 0.0)
-            f_fluid = fluid_share(q0, growth, r.mu, wait_x, T)
-            size_cv = size_cv_from_p90(d.input_tokens_mean, d.input_tokens_p90)
-            p_ttft = lognormal_exceed(s_cls, size_cv, slo) + r.p_wait * math.exp(-wait_x / max(r.theta, 1e-9))
-            v_ttft += share * (f_fluid + (1.0 - f_fluid) * min(p_ttft, 1.0))
-            out_cv = size_cv_from_p90(d.output_tokens_mean, d.output_tokens_p90)
-            slo_tpot = spec.tpot_slo_ms / 1e3
-            p_tpot = max(tpot_exceed(r.mixed, cv, d.output_tokens_mean, out_cv, slo_tpot) for cv in cvs)
-            if learned and r.mixed[0] > 0.0:  # the tail shape learned from completions, around the decode step
-                p_tpot = max(p_tpot, empirical_exceed(learned, slo_tpot / r.mixed[0]))
-            v_tpot += share * p_tpot
-            wq99 = r.theta * math.log(r.p_wait / 0.01) if r.p_wait > 0.01 else 0.0
-            fluid_wait = max(q0 + max(growth, -q0 / T) * T, q0) / r.mu if r.mu > 0 else math.inf
-            ttft99 = max(ttft99, (wq99 + s_cls * lognormal_q99_ratio(size_cv) + fluid_wait) * 1e3)
-            if tails:  # the p99s are reported from the point scenario only
-                tpot99 = max(
-                    tpot99,
-                    tpot_q99(r.mixed, cvs[0], d.output_tokens_mean, out_cv) * 1e3,
-                    r.mixed[0] * empirical_quantile(learned, 0.99) * 1e3,
+
+            def ttft_exceed(x: float, r: _PoolResult = r, s_cls: float = s_cls) -> float:
+                """P(TTFT > x s): the prompt's own prefill, the chunk-queue and slot waits, the fluid backlog."""
+                wait_x = max(x - s_cls, 0.0)
+                f_fluid = fluid_share(r.fluid[0], r.fluid[1], r.mu, wait_x, T)
+                p_slot, theta_slot = r.slot_wait
+                p = (
+                    lognormal_exceed(s_cls, size_cv, x)
+                    + r.p_wait * math.exp(-wait_x / max(r.theta, 1e-9))
+                    + p_slot * math.exp(-wait_x / max(theta_slot, 1e-9))
                 )
+                return f_fluid + (1.0 - f_fluid) * min(p, 1.0)
+
+            # the tail shape learned from completions (TPOT / the replica's median), around the predicted median
+            median = tpot_quantile(r.mixed, cvs[0], d.output_tokens_mean, out_cv, 0.5) if learned else 0.0
+
+            def tpot_exceed_x(x: float, r: _PoolResult = r, median: float = median, all_cvs: bool = True) -> float:
+                """P(a request's mean TPOT > x s): chunk interference, at least the learned tail shape."""
+                spreads = cvs if all_cvs else cvs[:1]
+                p = max(tpot_exceed(r.mixed, cv, d.output_tokens_mean, out_cv, x) for cv in spreads)
+                return max(p, empirical_exceed(learned, x / median)) if median > 0.0 else p
+
+            v_ttft += share * ttft_exceed(slo)
+            v_tpot += share * tpot_exceed_x(slo_tpot)
+            ttft_tails.append((share, ttft_exceed))
+            tpot_tails.append((share, partial(tpot_exceed_x, all_cvs=False)))
             served += share * min(offered, r.mu * T)
+        # the p99s (reported from the point scenario only) are the class's: quantiles of the pools' mixture
+        ttft99 = 1e3 * _mixture_q99(ttft_tails, 2.0 * slo) if tails else 0.0
+        tpot99 = 1e3 * _mixture_q99(tpot_tails, 2.0 * slo_tpot) if tails else 0.0
         viol = min(1.0 - (1.0 - v_ttft) * (1.0 - v_tpot), 1.0)
         out.add(ClassOutcome(d.request_class, offered, served, viol, viol, ttft99, tpot99), offered * (1 - viol))
 
@@ -586,6 +614,34 @@ class _Scenario:
         self.classes.append(c)
         self.by_class[c.request_class] = c
         self.sla_met += sla_met
+
+
+def _mixture_q99(tails: list[tuple[float, Callable[[float], float]]], guess: float) -> float:
+    """The 99th percentile (s) of a mixture of pools' (share, P(X > x)) tails: the x where the share-weighted
+    exceedance is 1 %, by bisection after doubling from `guess` (s); inf past a day."""
+
+    def exceed(x: float) -> float:
+        return sum(w * f(x) for w, f in tails)
+
+    if not tails:
+        return 0.0
+    lo, hi = 0.0, max(guess, 1e-3)
+    while exceed(hi) > 0.01:
+        lo, hi = hi, 2.0 * hi
+        if hi > 86_400.0:
+            return math.inf
+    for _ in range(16):
+        mid = 0.5 * (lo + hi)
+        if exceed(mid) > 0.01:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _p_wait(rho: float, servers: float) -> float:
+    """P(an arrival waits) in an M/G/c queue at utilization rho (0-1) with c servers (Sakasegawa 1977)."""
+    return min(rho ** (math.sqrt(2.0 * (servers + 1.0)) - 1.0), 1.0) if rho > 0.0 else 0.0
 
 
 def _batch_cap(sm: ServingModel, p: _Pool, ctx: float) -> float:

@@ -37,17 +37,29 @@ def tpot_exceed(mixed: tuple[float, float, float], cv: float, out_mean: float, o
     return total / len(_Z_NODES)
 
 
-def tpot_q99(mixed: tuple[float, float, float], cv: float, out_mean: float, out_cv: float) -> float:
-    """99th percentile of requests' mean TPOT (s) under :func:`tpot_exceed`, by bisection."""
+def tpot_quantile(
+    mixed: tuple[float, float, float], cv: float, out_mean: float, out_cv: float, level: float
+) -> float:
+    """Quantile `level` (0-1) of requests' mean TPOT (s) under :func:`tpot_exceed`, by bisection."""
     t, q, c = mixed
-    lo, hi = t, t + c + 4.0 * cv * (t + c)
-    for _ in range(12):
+    lo, hi = t * (1.0 - 4.0 * cv), t + c + 4.0 * cv * (t + c)
+    for _ in range(14):
         mid = 0.5 * (lo + hi)
-        if tpot_exceed(mixed, cv, out_mean, out_cv, mid) > 0.01:
+        if tpot_exceed(mixed, cv, out_mean, out_cv, mid) > 1.0 - level:
             lo = mid
         else:
             hi = mid
     return 0.5 * (lo + hi)
+
+
+def chunk_mix(rate_per_s: float, t_prefill: float, chunks: float, t_dec: float) -> tuple[float, float, float]:
+    """The iterations a replica runs under chunked prefill: (decode step (s), share of iterations carrying a
+    prompt chunk (0-1), a chunk's compute (s)), for `rate_per_s` prompts of `chunks` chunks each taking
+    `t_prefill` s in all. Time not spent on chunked iterations runs decode-only steps of `t_dec` s."""
+    c = t_prefill / max(chunks, 1.0)
+    mixed = rate_per_s * max(chunks, 1.0)
+    plain = max(1.0 - mixed * (t_dec + c), 0.0) / max(t_dec, 1e-12)
+    return t_dec, mixed / max(mixed + plain, 1e-12), c
 
 
 def fluid_share(q0: float, growth: float, mu: float, wait_s: float, T: float) -> float:

@@ -5,6 +5,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+import polars as pl
 import pytest
 
 from worldmodel.selfcal import TAIL_LEVELS, Cusum, EwmaStat, Quantity, SelfCalibrator, model_key
@@ -12,7 +13,14 @@ from worldmodel.servingmodel import Corrections, PoolConfig, ServingModel
 from worldmodel.snapshot import snapshot
 from worldmodel.state import WorldState
 from worldmodel.state import synthetic as syn
-from worldmodel.state.calibration import learn_tails, period_residuals, record
+from worldmodel.state.calibration import (
+    PREFILL_BUSY_MAX,
+    implied_decode_step,
+    learn_tails,
+    period_residuals,
+    record,
+)
+from worldmodel.tails import chunk_mix, tpot_quantile
 
 T0 = datetime(2023, 7, 1, tzinfo=UTC)
 NOISE = 0.03  # per-sample log noise of observed step time
@@ -120,6 +128,54 @@ def test_residuals_and_state_round_trip():
     for c, table in tail.items():
         assert [lv for lv, _ in table] == list(TAIL_LEVELS)
         assert [r for _, r in table] == pytest.approx([r for _, r in cal.corrections().tpot_tail[c]])
+
+
+def _one_replica_state(rate_per_s: float, n: int) -> WorldState:
+    """One 70B H100 replica serving `n` chat requests at `rate_per_s`, TPOT 50 ms."""
+    ws = WorldState.open(":memory:")
+    arr = syn.arrivals(T0, n, rate_per_s=rate_per_s)
+    ws.ingest(
+        {
+            "request_arrival": arr,
+            "request_completion": syn.completions(arr, tpot_s=0.05),
+            "gpu_telemetry": syn.telemetry(T0, 8 * 120, hosts=1),
+            "fleet_event": syn.fleet_events(T0 - timedelta(minutes=1), 1),
+        }
+    )
+    return ws
+
+
+def test_step_residuals_discount_prefill_share_and_skip_busy_replicas():
+    """The decode residual compares the step implied by the median TPOT under chunk interference (below the
+    raw median when prompts share the replica); a replica whose prompts keep prefill busy past
+    PREFILL_BUSY_MAX gives no step-time residual (contention is not speed)."""
+    end = T0 + timedelta(minutes=20)
+    period_s = (end - T0).total_seconds()
+    sm = ServingModel()
+    cfg = PoolConfig("H100", "llama-3.1-70b", 4, "bf16", 1980.0)
+    light = _one_replica_state(3.0, 3000)
+    comp = light.frame("SELECT * FROM request_completion WHERE event_at < $e", {"e": end})
+    busy = comp.height * sm.prefill_s(cfg, float((comp["input_tokens"] - comp["cached_input_tokens"]).mean()))
+    assert 0.1 < busy / period_s < PREFILL_BUSY_MAX
+    dec = period_residuals(light, sm, T0, end).filter(pl.col("quantity") == "decode")
+    median = float(comp["tpot_s"].median())
+    assert 0.3 * median < dec["observed"][0] < 0.95 * median  # the chunk stalls are not the decode step's
+    # a faster prefill (a correction the calibrator learned) leaves more of the median TPOT to the decode step
+    fast = sm.with_corrections(Corrections(prefill={("H100", "llama-3.1-70b", "bf16"): 0.5}))
+    assert period_residuals(light, fast, T0, end).filter(pl.col("quantity") == "decode")["observed"][0] > (
+        dec["observed"][0]
+    )
+    busy_ws = _one_replica_state(20.0, 6000)  # ~20 req/s of ~1.1k new tokens: prefill busy well above the cap
+    kinds = set(period_residuals(busy_ws, sm, T0, T0 + timedelta(minutes=5))["quantity"])
+    assert kinds == {"power"}
+
+
+def test_implied_decode_step_inverts_the_interference_median():
+    for rate, step in ((0.0, 0.03), (2.0, 0.03), (5.0, 0.05)):
+        mixed = chunk_mix(rate, 0.2, 1.5, step)
+        median = tpot_quantile(mixed, 0.10, 240.0, 0.8, 0.5)
+        assert implied_decode_step(median, 0.04, rate, 0.2, 1.5, 240.0, 0.8) == pytest.approx(step, rel=0.01)
+        assert median >= step * 0.99
 
 
 def test_unobserved_precision_gets_a_partial_credit_and_observed_its_own_factor():

@@ -14,8 +14,15 @@ import polars as pl
 
 from streams.workload.protocol import PROTOCOL_V1
 from worldmodel.selfcal import ANY, TAIL_LEVELS, Quantity, SelfCalibrator, model_key
-from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max
+from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max, size_cv_from_p90
 from worldmodel.state.store import REPLICA_STATE_SQL, WorldState
+from worldmodel.tails import chunk_mix, tpot_quantile
+
+#: Prefill busy share (0-1) at which a replica stops giving step-time residuals. Measured (PJM, 8B on H100):
+#: at 0.4 the 10th-percentile TTFT is 0.8x the prior, as on idle replicas; at 0.8 (the imposed half-capacity
+#: plan) 2.2-4.7x, and the median TPOT 3.5x the decode roofline: as corrections these cut the predicted
+#: throughput to a third and counted chunk stalls twice (once in the factor, once in the forward model).
+PREFILL_BUSY_MAX = 0.6
 
 _PERIOD_SQL = f"""
 WITH r AS ({REPLICA_STATE_SQL}),
@@ -24,7 +31,9 @@ tel AS (SELECT replica_id, avg(num_requests_running) AS running FROM gpu_telemet
         GROUP BY 1),
 c AS (SELECT replica_id, median(tpot_s) AS tpot_s, avg(input_tokens + output_tokens / 2.0) AS ctx,
              quantile_cont(ttft_s, 0.1) AS ttft10_s,
-             quantile_cont(input_tokens - coalesce(cached_input_tokens, 0), 0.1) AS new10
+             quantile_cont(input_tokens - coalesce(cached_input_tokens, 0), 0.1) AS new10,
+             count(*) AS n, avg(input_tokens - coalesce(cached_input_tokens, 0)) AS new_mean,
+             avg(output_tokens) AS out_mean, quantile_cont(output_tokens, 0.9) AS out90
       FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
         AND output_tokens > 1 GROUP BY 1)
 SELECT c.*, r.gpu_type, r.model, r.tp, r.precision, r.sm_clock_mhz,
@@ -43,16 +52,27 @@ FROM gpu_telemetry WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= 
 def period_residuals(state: WorldState, model: ServingModel, start: datetime, end: datetime) -> pl.DataFrame:
     """Residual rows of one period from the stored observations that arrived by its end.
 
-    Decode: median TPOT per replica vs the roofline at the replica's mean running batch and context.
-    Prefill: the 10th-percentile TTFT per replica (the least-queued requests) vs the prefill time of the
-    10th-percentile uncached prompt plus one decode step per chunked-prefill iteration. Power: mean DCGM power
-    above idle per node vs the dynamic power model at its mean utilization and clock. Predictions use the
-    priors only (no corrections), so residuals carry all error.
+    A replica's prefill busy share (its completions x the prefill time of their mean uncached prompt / the
+    period, by `model` with its current corrections) is the share of its time spent on prompt chunks, which
+    ride iterations that also decode every running sequence (:func:`worldmodel.tails.chunk_mix`). Replicas at
+    or above `PREFILL_BUSY_MAX` give no step-time residual: there even the least-queued requests share the
+    prefill budget with others (the engine admits them all into its batch, so no waiting queue shows it) and
+    the residuals would read contention as slowness.
+
+    Decode: the decode step implied by the replica's median TPOT under the forward model's chunk-interference
+    tail (:func:`implied_decode_step`: the step at which the predicted median per-request TPOT, at the
+    replica's prompt rate, prompt size and output lengths, equals the observed one) vs the roofline at its
+    mean running batch and context; before, the raw median TPOT was compared, so the factor absorbed the chunk
+    stalls the forward model adds again (3.5x on a saturated 8B replica). Prefill: the 10th-percentile TTFT
+    per replica (the least-queued requests) vs the prefill time of the 10th-percentile uncached prompt plus
+    one decode step per chunked-prefill iteration. Power: mean DCGM power above idle per node vs the dynamic
+    power model at its mean utilization and clock. Predictions use the priors (no corrections; the busy share
+    and the chunks' compute excepted), so residuals carry all error.
 
     Parameters
     ----------
     state : the world-model state (read only).
-    model : serving model whose priors are compared (its corrections are ignored).
+    model : serving model whose priors are compared; its corrections only give the prompt chunks' compute.
     start, end : the period (UTC).
 
     Returns
@@ -61,6 +81,7 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
     """
     prior = ServingModel(model.priors)
     params = {"s": start, "as_of": end}
+    period_s = max((end - start).total_seconds(), 1.0)
     rows: list[tuple[str, str, str, str, float, float]] = []
     for r in state.frame(_PERIOD_SQL, params).iter_rows(named=True):
         cfg = PoolConfig(
@@ -70,38 +91,53 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
             r["precision"] or "bf16",
             clock_or_max(r["gpu_type"], r["sm_clock_mhz"]),
         )
-        rows.append(
-            (
-                Quantity.DECODE,
-                cfg.gpu,
-                r["node"],
-                model_key(cfg.model, cfg.precision),
-                prior.decode_step_s(cfg, float(r["running"]), float(r["ctx"])),
-                float(r["tpot_s"]),
-            )
-        )
+        rate = float(r["n"]) / period_s
+        new_mean = float(r["new_mean"] or 0.0)
+        t_pf = model.prefill_s(cfg, new_mean)
+        if rate * t_pf >= PREFILL_BUSY_MAX:
+            continue
+        step = prior.decode_step_s(cfg, float(r["running"]), float(r["ctx"]))
+        key = model_key(cfg.model, cfg.precision)
+        out_mean = float(r["out_mean"])
+        out_cv = size_cv_from_p90(out_mean, float(r["out90"]))
+        chunks = new_mean / prior.priors.chunk_tokens
+        implied = implied_decode_step(float(r["tpot_s"]), step, rate, t_pf, chunks, out_mean, out_cv)
+        rows.append((Quantity.DECODE, cfg.gpu, r["node"], key, step, implied))
         if r["ttft10_s"] is not None:
             # chunked prefill: each chunk of the prompt rides one iteration that also decodes the running batch,
             # so the least-queued TTFT is the prompt's compute plus one decode step per chunk
             new10 = float(r["new10"])
-            chunks = max(math.ceil(new10 / prior.priors.chunk_tokens), 1)
-            step = prior.decode_step_s(cfg, float(r["running"]), float(r["ctx"]))
-            rows.append(
-                (
-                    Quantity.PREFILL,
-                    cfg.gpu,
-                    r["node"],
-                    model_key(cfg.model, cfg.precision),
-                    prior.prefill_s(cfg, new10) + chunks * step,
-                    float(r["ttft10_s"]),
-                )
-            )
+            chunks10 = max(math.ceil(new10 / prior.priors.chunk_tokens), 1)
+            predicted = prior.prefill_s(cfg, new10) + chunks10 * step
+            rows.append((Quantity.PREFILL, cfg.gpu, r["node"], key, predicted, float(r["ttft10_s"])))
     for r in state.frame(_POWER_SQL, params).iter_rows(named=True):
         gpu = r["gpu_type"]
         # the correction scales the dynamic part (power above idle); idle is the datasheet figure
         pred = prior.dynamic_power_w(gpu, clock_or_max(gpu, r["clock"]), prior.activity_from_util(r["util"] or 0.0))
         rows.append((Quantity.POWER, gpu, r["node"], ANY, pred, float(r["power_w"]) - prior.idle_power_w(gpu)))
     return pl.DataFrame(rows, schema=["quantity", "gpu_type", "node", "model", "predicted", "observed"], orient="row")
+
+
+def implied_decode_step(
+    median_tpot_s: float, prior_step_s: float, rate_per_s: float, t_prefill_s: float, chunks: float,
+    out_mean: float, out_cv: float, cv: float = 0.10,
+) -> float:
+    """The decode step (s) at which the chunk-interference model's median per-request TPOT equals the observed
+    median (s), by bisection on a log scale within 1/10-10x the prior step; the replica serves `rate_per_s`
+    prompts of `chunks` chunks taking `t_prefill_s` in all, with outputs of mean `out_mean` tokens and CV
+    `out_cv`; `cv` is the step-time spread."""
+
+    def median(step: float) -> float:
+        return tpot_quantile(chunk_mix(rate_per_s, t_prefill_s, chunks, step), cv, out_mean, out_cv, 0.5)
+
+    lo, hi = math.log(prior_step_s / 10.0), math.log(prior_step_s * 10.0)
+    for _ in range(20):
+        mid = 0.5 * (lo + hi)
+        if median(math.exp(mid)) < median_tpot_s:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(0.5 * (lo + hi))
 
 
 _TAIL_SQL = """
@@ -166,7 +202,8 @@ def calibrate_period(state: WorldState, cal: SelfCalibrator, prior: ServingModel
     completions (`InteractiveCompletions`), then the records (the one update the policy and
     `aurelius worldmodel-validate` both run)."""
     interactive = InteractiveCompletions(state)
-    scored, _ = cal.observe_frame(period_residuals(interactive, prior, start, end), end)
+    current = prior.with_corrections(cal.corrections())
+    scored, _ = cal.observe_frame(period_residuals(interactive, current, start, end), end)
     learn_tails(interactive, cal, start, end)
     record(state, cal, scored, end)
 
