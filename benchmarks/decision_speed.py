@@ -1,10 +1,10 @@
 """Decision latency of the aurelius policy: p50/p95 of decision_ms (the regret audit excluded), the audit's
 own time beside it, evaluations per decision and regret.
 
-Until the world model's forward model and the forecasting facade are wired in (optimizer/aurelius.py takes
-them injected), this runs on the test fakes (tests/optimizer/opt_fakes.py): a closed-form evaluator, a
-persistence forecaster and a fixed reference plan, so it measures the optimizer's own cost (candidate
-generation, the deferral LP, the capacity MILPs, search, gates) rather than the forward model's.
+This runs on the test fakes (tests/optimizer/opt_fakes.py): a closed-form evaluator, a persistence forecaster
+and a fixed reference plan, so it measures the optimizer's own cost (candidate generation, the deferral LP,
+the capacity MILPs, search, gates) rather than the forward model's. The decision latency with the world
+model and forecasters wired in is `decision_ms_p95` in the results.json of `aurelius replay`.
 
     python benchmarks/decision_speed.py --periods 36
 """

@@ -490,9 +490,9 @@ class ForwardModel:
         # (lam_r x residence / b_cap of them held). Both as M/G/c (Sakasegawa's P(wait)) over the serving
         # replicas' chunk queues and their b_cap x replicas slots.
         c = max(serving, 1.0)
-        edf = (load.lam_i + 0.5 * load.lam_b) / (load.lam_i + load.lam_b) if load.lam_b > 0 else 1.0
-        if plan.ordering != Ordering.EDF:
-            edf = 1.0  # with EDF the batch prompts yield to interactive deadlines
+        # with EDF the batch prompts yield to interactive deadlines: they count half
+        edf_on = plan.ordering == Ordering.EDF and load.lam_b > 0
+        edf = (load.lam_i + 0.5 * load.lam_b) / (load.lam_i + load.lam_b) if edf_on else 1.0
         rho = min(lam_r * s * edf, _RHO_MAX)
         p_wait = _p_wait(rho, c)
         theta = s * (1.0 + load.size_cv**2) / 2.0 / (c * (1.0 - rho))

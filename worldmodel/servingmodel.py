@@ -63,8 +63,6 @@ MODEL_SPECS: dict[str, ModelSpec] = {
     "llama-3.1-8b": ModelSpec(8.03e9, 32, 4096, 8, 128),
     "llama-3.1-70b": ModelSpec(70.6e9, 80, 8192, 8, 128),
 }
-#: z of the 99th percentile of a standard normal
-_Z99 = 2.326
 #: largest size CV the lognormal fit from (mean, p90) returns
 _MAX_SIZE_CV = 1.5
 BYTES_PER_PARAM: dict[str, float] = {"bf16": 2.0, "fp8": 1.0}
@@ -328,9 +326,3 @@ def size_cv_from_p90(mean: float, p90: float) -> float:
     r = math.log(p90 / mean)
     s = 1.2816 - math.sqrt(max(1.2816**2 - 2.0 * r, 0.0))
     return min(math.sqrt(math.expm1(s * s)), _MAX_SIZE_CV)
-
-
-def lognormal_q99_ratio(cv: float) -> float:
-    """99th percentile / mean of a lognormal with this CV."""
-    s2 = math.log1p(cv * cv)
-    return math.exp(_Z99 * math.sqrt(s2) - 0.5 * s2)

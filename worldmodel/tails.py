@@ -100,13 +100,3 @@ def empirical_exceed(table: Sequence[tuple[float, float]], x: float) -> float:
         return 0.0
     e1, e2 = 1.0 - lv[-2], 1.0 - lv[-1]
     return e2 * (e2 / e1) ** ((x - q[-1]) / (q[-1] - q[-2]))
-
-
-def empirical_quantile(table: Sequence[tuple[float, float]], level: float) -> float:
-    """The ratio at a quantile level (0-1) of a learned table, linear between levels (ratio; 0 if empty)."""
-    if not table:
-        return 0.0
-    for (l0, r0), (l1, r1) in zip(table, table[1:], strict=False):
-        if l0 <= level <= l1:
-            return r0 + (r1 - r0) * (level - l0) / (l1 - l0) if l1 > l0 else r1
-    return float(table[-1][1]) if level > table[-1][0] else float(table[0][1])
