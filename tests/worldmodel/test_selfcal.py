@@ -15,6 +15,7 @@ from worldmodel.state import WorldState
 from worldmodel.state import synthetic as syn
 from worldmodel.state.calibration import (
     PREFILL_BUSY_MAX,
+    InteractiveCompletions,
     implied_decode_step,
     learn_tails,
     period_residuals,
@@ -165,6 +166,11 @@ def test_step_residuals_discount_prefill_share_and_skip_busy_replicas():
     assert period_residuals(light, fast, T0, end).filter(pl.col("quantity") == "decode")["observed"][0] > (
         dec["observed"][0]
     )
+    # deferrable prompts served on the replica load its prefill too, though their TTFT is left out
+    arr_b = syn.arrivals(T0, 1200, request_class="batch", rate_per_s=1.0, seed=5, deadline_s=3600)
+    light.ingest({"request_arrival": arr_b, "request_completion": syn.completions(arr_b, tpot_s=0.05, seed=5)})
+    loaded = period_residuals(InteractiveCompletions(light), sm, T0, end).filter(pl.col("quantity") == "decode")
+    assert loaded["observed"][0] < dec["observed"][0]
     busy_ws = _one_replica_state(20.0, 6000)  # ~20 req/s of ~1.1k new tokens: prefill busy well above the cap
     kinds = set(period_residuals(busy_ws, sm, T0, T0 + timedelta(minutes=5))["quantity"])
     assert kinds == {"power"}

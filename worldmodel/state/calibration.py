@@ -32,14 +32,18 @@ tel AS (SELECT replica_id, avg(num_requests_running) AS running FROM gpu_telemet
 c AS (SELECT replica_id, median(tpot_s) AS tpot_s, avg(input_tokens + output_tokens / 2.0) AS ctx,
              quantile_cont(ttft_s, 0.1) AS ttft10_s,
              quantile_cont(input_tokens - coalesce(cached_input_tokens, 0), 0.1) AS new10,
-             count(*) AS n, avg(input_tokens - coalesce(cached_input_tokens, 0)) AS new_mean,
              avg(output_tokens) AS out_mean, quantile_cont(output_tokens, 0.9) AS out90
       FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
-        AND output_tokens > 1 GROUP BY 1)
-SELECT c.*, r.gpu_type, r.model, r.tp, r.precision, r.sm_clock_mhz,
+        AND output_tokens > 1 GROUP BY 1),
+-- the prompts that loaded the replica: every completion, deferrable ones included (main.request_completion
+-- is the stored table itself, which InteractiveCompletions leaves unfiltered)
+prompts AS (SELECT replica_id, count(*) AS n, avg(input_tokens - coalesce(cached_input_tokens, 0)) AS new_mean
+            FROM main.request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
+            GROUP BY 1)
+SELECT c.*, prompts.n, prompts.new_mean, r.gpu_type, r.model, r.tp, r.precision, r.sm_clock_mhz,
        coalesce(r.hostnames[1], c.replica_id) AS node,
        coalesce(tel.running, 1.0) AS running
-FROM c JOIN r USING (replica_id) LEFT JOIN tel USING (replica_id)
+FROM c JOIN r USING (replica_id) JOIN prompts USING (replica_id) LEFT JOIN tel USING (replica_id)
 """
 _POWER_SQL = """
 SELECT modelName AS gpu_type, hostname AS node, avg(DCGM_FI_DEV_POWER_USAGE) AS power_w,
@@ -52,9 +56,10 @@ FROM gpu_telemetry WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= 
 def period_residuals(state: WorldState, model: ServingModel, start: datetime, end: datetime) -> pl.DataFrame:
     """Residual rows of one period from the stored observations that arrived by its end.
 
-    A replica's prefill busy share (its completions x the prefill time of their mean uncached prompt / the
-    period, by `model` with its current corrections) is the share of its time spent on prompt chunks, which
-    ride iterations that also decode every running sequence (:func:`worldmodel.tails.chunk_mix`). Replicas at
+    A replica's prefill busy share (its completions, deferrable ones included, x the prefill time of their
+    mean uncached prompt / the period, by `model` with its current corrections) is the share of its time spent
+    on prompt chunks, which ride iterations that also decode every running sequence
+    (:func:`worldmodel.tails.chunk_mix`). Replicas at
     or above `PREFILL_BUSY_MAX` give no step-time residual: there even the least-queued requests share the
     prefill budget with others (the engine admits them all into its batch, so no waiting queue shows it) and
     the residuals would read contention as slowness.
