@@ -50,7 +50,6 @@ from worldmodel.tails import (
     empirical_exceed,
     fluid_share,
     tpot_exceed,
-    tpot_quantile,
 )
 
 _RHO_MAX = 0.98
@@ -579,14 +578,13 @@ class ForwardModel:
                 )
                 return f_fluid + (1.0 - f_fluid) * min(p, 1.0)
 
-            # the tail shape learned from completions (TPOT / the replica's median), around the predicted median
-            median = tpot_quantile(r.mixed, cvs[0], d.output_tokens_mean, out_cv, 0.5) if learned else 0.0
-
-            def tpot_exceed_x(x: float, r: _PoolResult = r, median: float = median, all_cvs: bool = True) -> float:
-                """P(a request's mean TPOT > x s): chunk interference, at least the learned tail shape."""
+            def tpot_exceed_x(x: float, r: _PoolResult = r, all_cvs: bool = True) -> float:
+                """P(a request's mean TPOT > x s): chunk interference, at least the tail shape learned from
+                completions (TPOT / the replica's median) around the predicted typical TPOT (the mean; the
+                interference model's median is within a few % of it)."""
                 spreads = cvs if all_cvs else cvs[:1]
                 p = max(tpot_exceed(r.mixed, cv, d.output_tokens_mean, out_cv, x) for cv in spreads)
-                return max(p, empirical_exceed(learned, x / median)) if median > 0.0 else p
+                return max(p, empirical_exceed(learned, x / r.tpot_s)) if learned and r.tpot_s > 0.0 else p
 
             v_ttft += share * ttft_exceed(slo)
             v_tpot += share * tpot_exceed_x(slo_tpot)
@@ -630,7 +628,7 @@ def _mixture_q99(tails: list[tuple[float, Callable[[float], float]]], guess: flo
         lo, hi = hi, 2.0 * hi
         if hi > 86_400.0:
             return math.inf
-    for _ in range(16):
+    for _ in range(10):  # the bracket [x, 2x] to 0.1 %
         mid = 0.5 * (lo + hi)
         if exceed(mid) > 0.01:
             lo = mid
