@@ -9,6 +9,7 @@ import pytest
 from worldmodel.snapshot import snapshot
 from worldmodel.state import CURRENT_VERSION, WorldState, migrate, schema_version
 from worldmodel.state import synthetic as syn
+from worldmodel.state.store import CHECKPOINT_THRESHOLD
 
 T0 = datetime(2023, 7, 1, tzinfo=UTC)
 
@@ -121,3 +122,24 @@ def test_aggregates_per_period():
     assert row["arrivals"] == 200 and row["completions"] > 0 and row["violations"] == 0
     power = ws.frame("SELECT * FROM period_power")
     assert power.height == 1 and power["power_mean_w"][0] > 0
+
+
+def test_committed_batches_survive_without_a_checkpoint(tmp_path):
+    """The state checkpoints rarely (CHECKPOINT_THRESHOLD, off the decision path); a batch that only reached the
+    WAL is still there when a copy of the files taken mid-run (as after a crash) is opened."""
+    path = tmp_path / "live.duckdb"
+    ws = WorldState.open(path)
+    setting = ws.frame("SELECT current_setting('checkpoint_threshold') AS v")["v"][0]
+    ref = duckdb.connect()
+    ref.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
+    assert setting == ref.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0] != "16.0 MiB"
+    ws.ingest(_batch())
+    wal = path.with_name(path.name + ".wal")
+    assert wal.exists() and wal.stat().st_size > 0  # the batch sits in the WAL, not yet checkpointed
+    copy = tmp_path / "copy.duckdb"
+    copy.write_bytes(path.read_bytes())
+    copy.with_name(copy.name + ".wal").write_bytes(wal.read_bytes())
+    ws.close()
+    again = WorldState.open(copy)
+    assert again.count("request_arrival") == 200 and again.count("request_completion") == 120
+    again.close()
