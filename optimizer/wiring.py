@@ -184,10 +184,10 @@ class WorldStateModel:
                     )
                     for p in plan.pools
                 )
-                return _no_offer_no_violation(fm.evaluate(replace(snap, pools=pools), plan, forecast))
+                return fm.evaluate(replace(snap, pools=pools), plan, forecast)
 
             return prewarmed
-        return lambda plan: _no_offer_no_violation(fm.evaluate(snap, plan, forecast))
+        return lambda plan: fm.evaluate(snap, plan, forecast)
 
     def serving(self) -> ServingModel:
         return self._serving
@@ -196,21 +196,6 @@ class WorldStateModel:
         if self.state is not None:
             self.state.close()
             self.state = None
-
-
-def _no_offer_no_violation(out: PredictedOutcome) -> PredictedOutcome:
-    """A class offered nothing this period has no violation rate to speak of (0/0 -> 0).
-
-    The forward model reports 100 % for a class whose model has no serving replica even when the class is
-    offered no requests (e.g. the drain, when a plan rightly scales a model to zero); the SLA gate then
-    rejects every plan. Workaround until worldmodel/forward.py treats zero offered load itself.
-    """
-    if not any(c.offered <= 0.0 and c.violation_rate > 0.0 for c in out.classes):
-        return out
-    classes = tuple(
-        replace(c, violation_rate=0.0, violation_rate_hi=0.0) if c.offered <= 0.0 else c for c in out.classes
-    )
-    return replace(out, classes=classes)
 
 
 class _Backlog:

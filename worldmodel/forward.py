@@ -248,6 +248,9 @@ class ForwardModel:
                 gpu_hours[p.plan.gpu] = gpu_hours.get(p.plan.gpu, 0.0) + r.replicas * p.plan.tp * T / 3600.0
         for d in fc.demand:  # class outcomes in the forecast's order
             load, res, mu, batch_info = served.get(d.model, (_Load(0, 0, 0, 0, 0, 0), [], 0.0, (0.0, 0.0, 0.0)))
+            queue = snap.queue(d.request_class)
+            mpools = [p for p in pools if p.plan.model == d.model]
+            reloading = sum(p.reloads for p in mpools) / max(sum(p.current for p in mpools), 1)
             self._class_outcome(
                 out,
                 d,
@@ -260,6 +263,7 @@ class ForwardModel:
                 batch_info,
                 tails=scenario == "point",
                 learned=snap.corrections.tpot_tail.get(d.request_class, ()),
+                requeued=(queue.outstanding if queue else 0) * min(reloading, 1.0),
             )
         for (site, gpu), n in gpus_used.items():  # every node hosting a replica draws its overhead
             power_w[site] = power_w.get(site, 0.0) + math.ceil(n / _GPUS_PER_NODE - 1e-9) * sm.node_overhead_w(gpu)
@@ -536,7 +540,12 @@ class ForwardModel:
         batch_info: tuple[float, float, float],
         tails: bool = True,
         learned: tuple[tuple[float, float], ...] = (),
+        requeued: float = 0.0,
     ) -> None:
+        """One class's outcome. `requeued`: requests of the class in flight at the period start on replicas a
+        precision change reloads (count); the runtime requeues them mid-stream, so an interactive one misses
+        its SLA (a deferrable one recomputes within its deadline): they count as violations, over the
+        period's offered plus in-flight requests, and as SLA-met lost against a plan that lets them finish."""
         spec = self.protocol.spec(d.request_class)
         offered = lam * T
         if spec.deferrable:
@@ -547,6 +556,10 @@ class ForwardModel:
             # objective's to credit (at the cost it will run at), so holding and releasing count the same work
             met = max(released - missed, 0.0)
             out.add(ClassOutcome(d.request_class, offered, released, viol, viol, 0.0, 0.0), met)
+            return
+        if offered <= 0.0:  # nothing offered: no rate to speak of, but the requests a reload requeues
+            viol = 1.0 if requeued > 0.0 else 0.0
+            out.add(ClassOutcome(d.request_class, 0.0, 0.0, viol, viol, 0.0, 0.0), -requeued)
             return
         lam_tot = sum(r.lam for r in res)
         if not res or mu <= 0.0:
@@ -595,7 +608,11 @@ class ForwardModel:
         ttft99 = 1e3 * _mixture_q99(ttft_tails, 2.0 * slo) if tails else 0.0
         tpot99 = 1e3 * _mixture_q99(tpot_tails, 2.0 * slo_tpot) if tails else 0.0
         viol = min(1.0 - (1.0 - v_ttft) * (1.0 - v_tpot), 1.0)
-        out.add(ClassOutcome(d.request_class, offered, served, viol, viol, ttft99, tpot99), offered * (1 - viol))
+        met = offered * (1 - viol)
+        if requeued > 0.0:
+            viol = min((viol * offered + requeued) / (offered + requeued), 1.0)
+            met -= requeued
+        out.add(ClassOutcome(d.request_class, offered, served, viol, viol, ttft99, tpot99), met)
 
 
 class _Scenario:

@@ -266,3 +266,20 @@ def test_released_backlog_counts_as_met_like_carried_work(world, fm):
     batch = {o.request_class: o for o in run.classes}["batch"]
     assert batch.served > batch.offered  # the backlog runs too
     assert run.sla_met + run.deferred_carryover == pytest.approx(hold.sla_met + hold.deferred_carryover, rel=0.02)
+
+
+def test_a_reload_breaks_the_interactive_requests_in_flight(world, fm):
+    """With nothing offered (the drain) a plan that keeps precision violates nothing; one that reloads the 70B
+    pool requeues the chat requests in flight there: they count as violated and as SLA-met lost."""
+    _, snap = world
+    in_flight = snap.queue("chat").outstanding
+    assert in_flight > 0
+    drain = _forecast(scale=0.0)
+    keep = fm.evaluate(snap, _plan(), drain)
+    reload = fm.evaluate(snap, _plan(precision="fp8"), drain)
+    chat = {o.request_class: o for o in keep.classes}["chat"]
+    chat_reload = {o.request_class: o for o in reload.classes}["chat"]
+    assert chat.offered == 0 and chat.violation_rate == 0.0
+    assert chat_reload.violation_rate == 1.0
+    assert snap.queue("code") is None  # the fixture's arrivals are all chat: only they are in flight
+    assert reload.sla_met == pytest.approx(keep.sla_met - in_flight)
