@@ -1,7 +1,8 @@
 """Physics-guided candidate generation: read the regime, propose the coupled bundles it implies.
 
 Always proposed: the reference policy's plan, the previous plan, a max-packing plan (fp8 where allowed, the
-largest KV-feasible batch, maximum clock, fewest replicas the MILP finds), a min-energy plan (lowest clock,
+largest KV-feasible batch, maximum clock, fewest replicas the MILP finds) and the same at the precision in
+force (no reload, which would requeue the requests in flight), a min-energy plan (lowest clock,
 fewest replicas meeting the TPOT SLO) and the MILP's sizing at low/mid/high clock in each allowed precision.
 The regime adds bundles: an expensive hour adds packing variants with the deferral schedule's admission,
 a cheap one adds headroom (lower target utilisation), high load or a wide forecast interval adds ceiling.
@@ -131,8 +132,10 @@ def generate(inp: GenerationInputs, mode: str = "full") -> list[Plan]:
         return _dedupe(out)
     regime = read_regime(inp)
     n_clk = len(inp.space.pools[0].clocks_mhz)
-    profiles: list[tuple[str, int, bool, bool, float]] = [  # label, clock level, fp8, packed batch, target u
+    # label, clock level, fp8 (None: the precision in force, no reload), packed batch, target u
+    profiles: list[tuple[str, int, bool | None, bool, float]] = [
         ("max-packing", n_clk - 1, True, True, 0.85),
+        ("max-packing-no-reload", n_clk - 1, None, True, 0.85),
         ("min-energy", 0, True, True, 0.8),
         ("milp-mid-fp8", n_clk // 2, True, True, 0.8),
         ("milp-mid-bf16", n_clk // 2, False, False, 0.8),
@@ -246,8 +249,11 @@ def _previous(inp: GenerationInputs) -> Plan:
     return replace(prev.with_pools(pools), label="previous")
 
 
-def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed: bool, target_u: float) -> Plan | None:
-    """Set every pool's clock level, precision and batch, then size replicas with the MILP."""
+def _milp_plan(
+    inp: GenerationInputs, label: str, level: int, fp8: bool | None, packed: bool, target_u: float
+) -> Plan | None:
+    """Set every pool's clock level, precision (fp8 where allowed, bf16, or with `fp8` None the precision in
+    force: a reload requeues the requests in flight) and batch, then size replicas with the MILP."""
     now = inp.forecasts[0]
     prices = site_prices(inp, periods=1)
     prev = {p.key: p for p in inp.previous.pools}
@@ -256,14 +262,17 @@ def _milp_plan(inp: GenerationInputs, label: str, level: int, fp8: bool, packed:
     reloads = 0
     for p in inp.reference.pools:
         lv = inp.space.pool(p.key)
-        precision = (
-            "fp8" if fp8 and "fp8" in lv.precisions else ("bf16" if "bf16" in lv.precisions else lv.precisions[0])
-        )
+        was = prev.get(p.key)
+        if fp8 is None:
+            precision = was.precision if was is not None else p.precision
+        elif fp8 and "fp8" in lv.precisions:
+            precision = "fp8"
+        else:
+            precision = "bf16" if "bf16" in lv.precisions else lv.precisions[0]
         q = replace(p, precision=precision, sm_clock_mhz=lv.clocks_mhz[min(level, len(lv.clocks_mhz) - 1)])
         inp_t, out_t = _sizes(now, p.model)
         batch = _packed_batch(inp.serving, q, lv, inp_t + 0.5 * out_t) if packed else min(256, lv.max_batches[-1])
         q = replace(q, max_batch=batch)
-        was = prev.get(p.key)
         if was is not None and was.precision != q.precision:
             reloads += was.replica_floor
         power = replica_power_w(inp.serving, q, target_u)
