@@ -233,6 +233,7 @@ class ForwardModel:
         gpu_hours: dict[str, float] = {}
         free: dict[tuple[str, str], float] = {k: float(v) for k, v in self.inventory.items()}
         served: dict[str, tuple[_Load, list[_PoolResult], float, tuple[float, float, float]]] = {}
+        reloading: dict[str, float] = {}
         for model, demands in by_model.items():
             mpools = [p for p in pools if p.plan.model == model]
             if not mpools:
@@ -241,6 +242,8 @@ class ForwardModel:
             res = self._serve_model(sm, plan, mpools, load, T, free)
             out.cold_starts += sum(max(math.ceil(r.replicas) - p.current, 0) for p, r in zip(mpools, res, strict=True))
             served[model] = (load, res, sum(r.mu for r in res), batch_info)
+            # share of the model's replicas a precision change reloads (0-1): their in-flight work is requeued
+            reloading[model] = min(sum(p.reloads for p in mpools) / max(sum(p.current for p in mpools), 1), 1.0)
             for p, r in zip(mpools, res, strict=True):
                 power_w[p.plan.site] = power_w.get(p.plan.site, 0.0) + r.power_w
                 key = (p.plan.site, p.plan.gpu)
@@ -249,8 +252,6 @@ class ForwardModel:
         for d in fc.demand:  # class outcomes in the forecast's order
             load, res, mu, batch_info = served.get(d.model, (_Load(0, 0, 0, 0, 0, 0), [], 0.0, (0.0, 0.0, 0.0)))
             queue = snap.queue(d.request_class)
-            mpools = [p for p in pools if p.plan.model == d.model]
-            reloading = sum(p.reloads for p in mpools) / max(sum(p.current for p in mpools), 1)
             self._class_outcome(
                 out,
                 d,
@@ -263,7 +264,7 @@ class ForwardModel:
                 batch_info,
                 tails=scenario == "point",
                 learned=snap.corrections.tpot_tail.get(d.request_class, ()),
-                requeued=(queue.outstanding if queue else 0) * min(reloading, 1.0),
+                requeued=(queue.outstanding if queue else 0) * reloading.get(d.model, 0.0),
             )
         for (site, gpu), n in gpus_used.items():  # every node hosting a replica draws its overhead
             power_w[site] = power_w.get(site, 0.0) + math.ceil(n / _GPUS_PER_NODE - 1e-9) * sm.node_overhead_w(gpu)
