@@ -1,4 +1,5 @@
-"""Seasonal naive (lag one day, lag one week), the seasonal profile mean, the recent mean and the last value."""
+"""Seasonal naive (lag one day, lag one week), the seasonal profile mean and median, the median of the day, week and
+seasonal median, the recent mean and the last value."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class SeasonalMean(PointModel):
 
     name = "seasonal_mean"
     days = 5
+    reduce = staticmethod(np.mean)
 
     def predict(self, view: SeriesView, n: int) -> np.ndarray | None:
         y, s = view.filled, self.season
@@ -50,7 +52,32 @@ class SeasonalMean(PointModel):
             return None
         k = np.arange(1, n + 1)
         base = len(y) - 1 + k - s * np.ceil(k / s).astype(int)
-        return np.mean([y[base - d * s] for d in range(d_max)], axis=0)
+        return self.reduce([y[base - d * s] for d in range(d_max)], axis=0)
+
+
+@register_model
+class SeasonalMedian(SeasonalMean):
+    """Median of the same slot over the last `days` seasons: the seasonal profile without the spikes a mean carries
+    forward (the MAE-optimal point of a spiky price series)."""
+
+    name = "seasonal_median"
+    days = 7
+    reduce = staticmethod(np.median)
+
+
+@register_model
+class MedianDayWeek(SeasonalMedian):
+    """Median of three: the value a day earlier, a week earlier, and the seasonal median (`seasonal_median`)."""
+
+    name = "median_day_week"
+
+    def predict(self, view: SeriesView, n: int) -> np.ndarray | None:
+        med = super().predict(view, n)
+        day = seasonal_naive(view.filled, n, self.season)
+        week = seasonal_naive(view.filled, n, self.week)
+        if med is None or day is None or week is None:
+            return None
+        return np.median(np.stack([day, week, med]), axis=0)
 
 
 @register_model
