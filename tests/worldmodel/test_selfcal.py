@@ -102,7 +102,7 @@ def test_residuals_and_state_round_trip():
     ws.ingest(
         {
             "request_arrival": arr,
-            "request_completion": syn.completions(arr, tpot_s=0.05),
+            "request_completion": syn.completions(arr, tpot_s=0.05, prefill_s_per_token=2e-5),
             "gpu_telemetry": syn.telemetry(T0, 8 * 8 * 120, hosts=8),
             "fleet_event": syn.fleet_events(T0 - timedelta(minutes=1), 1),
         }
@@ -174,6 +174,28 @@ def test_step_residuals_discount_prefill_share_and_skip_busy_replicas():
     busy_ws = _one_replica_state(20.0, 6000)  # ~20 req/s of ~1.1k new tokens: prefill busy well above the cap
     kinds = set(period_residuals(busy_ws, sm, T0, T0 + timedelta(minutes=5))["quantity"])
     assert kinds == {"power"}
+
+
+@pytest.mark.parametrize("fixed_s", [0.005, 0.05])
+def test_prefill_residual_is_the_compute_slope_whatever_the_fixed_part(fixed_s):
+    """TTFT = a fixed part (decode step, step in flight) + compute: the prefill residual is the compute's ratio
+    to the prior (here 0.6x its slope), not the fixed part read as compute of a small prompt."""
+    sm = ServingModel()
+    cfg = PoolConfig("H100", "llama-3.1-70b", 4, "bf16", 1980.0)
+    slope = 0.6 * (sm.prefill_s(cfg, 1500.0) - sm.prefill_s(cfg, 500.0)) / 1000.0
+    ws = WorldState.open(":memory:")
+    arr = syn.arrivals(T0, 600, rate_per_s=1.0)
+    ws.ingest(
+        {
+            "request_arrival": arr,
+            "request_completion": syn.completions(arr, ttft_s=fixed_s, tpot_s=0.05, prefill_s_per_token=slope),
+            "gpu_telemetry": syn.telemetry(T0, 8 * 120, hosts=1),
+            "fleet_event": syn.fleet_events(T0 - timedelta(minutes=1), 1),
+        }
+    )
+    res = period_residuals(ws, sm, T0, T0 + timedelta(minutes=10)).filter(pl.col("quantity") == "prefill")
+    assert res.height == 1
+    assert res["observed"][0] / res["predicted"][0] == pytest.approx(0.6, rel=0.1)
 
 
 def test_implied_decode_step_inverts_the_interference_median():

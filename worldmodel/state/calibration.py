@@ -23,6 +23,8 @@ from worldmodel.tails import chunk_mix, tpot_quantile
 #: plan) 2.2-4.7x, and the median TPOT 3.5x the decode roofline: as corrections these cut the predicted
 #: throughput to a third and counted chunk stalls twice (once in the factor, once in the forward model).
 PREFILL_BUSY_MAX = 0.6
+#: Single-chunk prompts each half of a replica's prompt sizes needs before it gives a prefill residual (count).
+PREFILL_MIN_PROMPTS = 20
 
 _PERIOD_SQL = f"""
 WITH r AS ({REPLICA_STATE_SQL}),
@@ -30,20 +32,30 @@ tel AS (SELECT replica_id, avg(num_requests_running) AS running FROM gpu_telemet
         WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of AND replica_id IS NOT NULL
         GROUP BY 1),
 c AS (SELECT replica_id, median(tpot_s) AS tpot_s, avg(input_tokens + output_tokens / 2.0) AS ctx,
-             quantile_cont(ttft_s, 0.1) AS ttft10_s,
-             quantile_cont(input_tokens - coalesce(cached_input_tokens, 0), 0.1) AS new10,
              avg(output_tokens) AS out_mean, quantile_cont(output_tokens, 0.9) AS out90
       FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
         AND output_tokens > 1 GROUP BY 1),
+-- single-chunk prompts split at their median uncached size: the least-queued TTFT (10th percentile) per half
+p0 AS (SELECT replica_id, ttft_s, input_tokens - coalesce(cached_input_tokens, 0) AS new
+       FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
+         AND ttft_s IS NOT NULL AND input_tokens - coalesce(cached_input_tokens, 0) <= $chunk),
+pm AS (SELECT replica_id, median(new) AS mid FROM p0 GROUP BY 1),
+pf AS (SELECT replica_id,
+              quantile_cont(ttft_s, 0.1) FILTER (WHERE new <= mid) AS ttft_lo,
+              median(new) FILTER (WHERE new <= mid) AS new_lo, count(*) FILTER (WHERE new <= mid) AS n_lo,
+              quantile_cont(ttft_s, 0.1) FILTER (WHERE new > mid) AS ttft_hi,
+              median(new) FILTER (WHERE new > mid) AS new_hi, count(*) FILTER (WHERE new > mid) AS n_hi
+       FROM p0 JOIN pm USING (replica_id) GROUP BY 1),
 -- the prompts that loaded the replica: every completion, deferrable ones included (main.request_completion
 -- is the stored table itself, which InteractiveCompletions leaves unfiltered)
 prompts AS (SELECT replica_id, count(*) AS n, avg(input_tokens - coalesce(cached_input_tokens, 0)) AS new_mean
             FROM main.request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
             GROUP BY 1)
-SELECT c.*, prompts.n, prompts.new_mean, r.gpu_type, r.model, r.tp, r.precision, r.sm_clock_mhz,
-       coalesce(r.hostnames[1], c.replica_id) AS node,
+SELECT c.*, pf.ttft_lo, pf.new_lo, pf.n_lo, pf.ttft_hi, pf.new_hi, pf.n_hi, prompts.n, prompts.new_mean,
+       r.gpu_type, r.model, r.tp, r.precision, r.sm_clock_mhz, coalesce(r.hostnames[1], c.replica_id) AS node,
        coalesce(tel.running, 1.0) AS running
 FROM c JOIN r USING (replica_id) JOIN prompts USING (replica_id) LEFT JOIN tel USING (replica_id)
+  LEFT JOIN pf USING (replica_id)
 """
 _POWER_SQL = """
 SELECT modelName AS gpu_type, hostname AS node, avg(DCGM_FI_DEV_POWER_USAGE) AS power_w,
@@ -68,9 +80,15 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
     tail (:func:`implied_decode_step`: the step at which the predicted median per-request TPOT, at the
     replica's prompt rate, prompt size and output lengths, equals the observed one) vs the roofline at its
     mean running batch and context; before, the raw median TPOT was compared, so the factor absorbed the chunk
-    stalls the forward model adds again (3.5x on a saturated 8B replica). Prefill: the 10th-percentile TTFT
-    per replica (the least-queued requests) vs the prefill time of the 10th-percentile uncached prompt plus
-    one decode step per chunked-prefill iteration. Power: mean DCGM power above idle per node vs the dynamic
+    stalls the forward model adds again (3.5x on a saturated 8B replica). Prefill: the replica's single-chunk
+    prompts split at their median uncached size; the difference of the halves' 10th-percentile TTFTs (the
+    least-queued requests) vs the difference of the prior's prefill times at the halves' median sizes, so the
+    fixed part of a TTFT (the decode step a chunk rides with, the step in flight on arrival) stays out of the
+    compute factor. Before, the 10th-percentile TTFT was compared with the prefill of the 10th-percentile
+    prompt plus one prior decode step: on PJM's 8B H100 replicas, whose TTFT rises 16 us per uncached token
+    against the prior's 28, that gave 0.79 (a decode step 2.4x faster than the prior's absorbed), and
+    subtracting the implied decode step instead gave 1.52 (the fixed part read as compute of a ~100-token
+    prompt). Power: mean DCGM power above idle per node vs the dynamic
     power model at its mean utilization and clock. Predictions use the priors (no corrections; the busy share
     and the chunks' compute excepted), so residuals carry all error.
 
@@ -88,7 +106,7 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
     params = {"s": start, "as_of": end}
     period_s = max((end - start).total_seconds(), 1.0)
     rows: list[tuple[str, str, str, str, float, float]] = []
-    for r in state.frame(_PERIOD_SQL, params).iter_rows(named=True):
+    for r in state.frame(_PERIOD_SQL, {**params, "chunk": model.priors.chunk_tokens}).iter_rows(named=True):
         cfg = PoolConfig(
             r["gpu_type"],
             r["model"],
@@ -108,13 +126,14 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
         chunks = new_mean / prior.priors.chunk_tokens
         implied = implied_decode_step(float(r["tpot_s"]), step, rate, t_pf, chunks, out_mean, out_cv)
         rows.append((Quantity.DECODE, cfg.gpu, r["node"], key, step, implied))
-        if r["ttft10_s"] is not None:
-            # chunked prefill: each chunk of the prompt rides one iteration that also decodes the running batch,
-            # so the least-queued TTFT is the prompt's compute plus one decode step per chunk
-            new10 = float(r["new10"])
-            chunks10 = max(math.ceil(new10 / prior.priors.chunk_tokens), 1)
-            predicted = prior.prefill_s(cfg, new10) + chunks10 * step
-            rows.append((Quantity.PREFILL, cfg.gpu, r["node"], key, predicted, float(r["ttft10_s"])))
+        if min(r["n_lo"] or 0, r["n_hi"] or 0) >= PREFILL_MIN_PROMPTS:
+            # a single-chunk prompt's least-queued TTFT is its compute plus a fixed part (the decode step its
+            # chunk rides with, the step in flight when it arrived): the difference between the larger and
+            # the smaller half is compute alone
+            predicted = prior.prefill_s(cfg, float(r["new_hi"])) - prior.prefill_s(cfg, float(r["new_lo"]))
+            observed = float(r["ttft_hi"]) - float(r["ttft_lo"])
+            if predicted > 1e-4 and observed > 0.0:
+                rows.append((Quantity.PREFILL, cfg.gpu, r["node"], key, predicted, observed))
     for r in state.frame(_POWER_SQL, params).iter_rows(named=True):
         gpu = r["gpu_type"]
         # the correction scales the dynamic part (power above idle); idle is the datasheet figure

@@ -91,13 +91,17 @@ def completions(
     seed: int = 0,
     replica_id: str = "r-000",
     gpu_type: str = "H100",
+    prefill_s_per_token: float = 0.0,
 ) -> pl.DataFrame:
-    """Completions of `arr` on one replica: fixed TTFT, TPOT with 3 % noise, 50-500 output tokens."""
+    """Completions of `arr` on one replica: TTFT `ttft_s` plus `prefill_s_per_token` per uncached prompt token (a
+    quarter of each prompt is cached), TPOT with 3 % noise, 50-500 output tokens."""
     rng = np.random.default_rng(seed)
     n = arr.height
     out = rng.integers(50, 500, n, dtype=np.int32)
     tpot = tpot_s * rng.lognormal(0.0, 0.03, n)
-    first = arr["event_at"].dt.offset_by(f"{int(ttft_s * 1e6)}us")
+    cached = (arr["input_tokens"] // 4).cast(pl.Int32)
+    ttft = ttft_s + prefill_s_per_token * (arr["input_tokens"] - cached).cast(pl.Float64)
+    first = pl.Series([a + timedelta(seconds=float(x)) for a, x in zip(arr["event_at"], ttft, strict=True)], dtype=_UTC)
     done = pl.Series(
         [f + timedelta(seconds=float(x * (o - 1))) for f, x, o in zip(first, tpot, out, strict=True)],
         dtype=_UTC,
@@ -114,12 +118,12 @@ def completions(
             "gpu_type": gpu_type,
             "input_tokens": arr["input_tokens"],
             "output_tokens": out,
-            "cached_input_tokens": (arr["input_tokens"] // 4).cast(pl.Int32),
+            "cached_input_tokens": cached,
             "queued_at": arr["event_at"],
             "first_token_at": first,
-            "ttft_s": ttft_s,
+            "ttft_s": ttft,
             "tpot_s": tpot,
-            "e2e_s": ttft_s + tpot * (out - 1),
+            "e2e_s": ttft + tpot * (out - 1),
             "sla_met": True,
             "finish_reason": "stop",
         }
