@@ -35,16 +35,17 @@ c AS (SELECT replica_id, median(tpot_s) AS tpot_s, avg(input_tokens + output_tok
              avg(output_tokens) AS out_mean, quantile_cont(output_tokens, 0.9) AS out90
       FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
         AND output_tokens > 1 GROUP BY 1),
--- single-chunk prompts split at their median uncached size: the least-queued TTFT (10th percentile) per half
+-- single-chunk prompts split at their median uncached size; per half the 10th percentiles of TTFT (the
+-- least-queued requests) and of the uncached size (TTFT grows with it, so its 10th percentile is the small ones')
 p0 AS (SELECT replica_id, ttft_s, input_tokens - coalesce(cached_input_tokens, 0) AS new
        FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
          AND ttft_s IS NOT NULL AND input_tokens - coalesce(cached_input_tokens, 0) <= $chunk),
 pm AS (SELECT replica_id, median(new) AS mid FROM p0 GROUP BY 1),
 pf AS (SELECT replica_id,
               quantile_cont(ttft_s, 0.1) FILTER (WHERE new <= mid) AS ttft_lo,
-              median(new) FILTER (WHERE new <= mid) AS new_lo, count(*) FILTER (WHERE new <= mid) AS n_lo,
+              quantile_cont(new, 0.1) FILTER (WHERE new <= mid) AS new_lo, count(*) FILTER (WHERE new <= mid) AS n_lo,
               quantile_cont(ttft_s, 0.1) FILTER (WHERE new > mid) AS ttft_hi,
-              median(new) FILTER (WHERE new > mid) AS new_hi, count(*) FILTER (WHERE new > mid) AS n_hi
+              quantile_cont(new, 0.1) FILTER (WHERE new > mid) AS new_hi, count(*) FILTER (WHERE new > mid) AS n_hi
        FROM p0 JOIN pm USING (replica_id) GROUP BY 1),
 -- the prompts that loaded the replica: every completion, deferrable ones included (main.request_completion
 -- is the stored table itself, which InteractiveCompletions leaves unfiltered)
@@ -82,7 +83,8 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
     mean running batch and context; before, the raw median TPOT was compared, so the factor absorbed the chunk
     stalls the forward model adds again (3.5x on a saturated 8B replica). Prefill: the replica's single-chunk
     prompts split at their median uncached size; the difference of the halves' 10th-percentile TTFTs (the
-    least-queued requests) vs the difference of the prior's prefill times at the halves' median sizes, so the
+    least-queued requests) vs the difference of the prior's prefill times at the halves' 10th-percentile sizes
+    (TTFT rises with size, so a half's fastest requests are its small prompts), so the
     fixed part of a TTFT (the decode step a chunk rides with, the step in flight on arrival) stays out of the
     compute factor. Before, the 10th-percentile TTFT was compared with the prefill of the 10th-percentile
     prompt plus one prior decode step: on PJM's 8B H100 replicas, whose TTFT rises 16 us per uncached token
