@@ -17,7 +17,9 @@ A queueing approximation with batching, not a per-request simulation. Per pool (
    P(TTFT > SLA) and p99; sustained overload and initial backlog by a fluid queue Q(t) = Q0 + (lambda - mu) t;
 4. TPOT tail: chunked-prefill interference over output lengths with a step spread (CV from self-calibration x
    the risk band), and at least the tail shape learned from completions (worldmodel/tails.py);
-5. energy: GPU power from busy share, prefill share, batch and clock (ServingModel), idle GPUs of the site at
+5. energy: GPU power from busy share, prefill share, batch and clock (ServingModel), the non-GPU power of every
+   node hosting a replica (the nodes the snapshot's GPUs sit on, grown first fit: `_nodes_on`; before, GPUs / 8
+   rounded up, 8-13 % under the observed energy once scale-downs left nodes part-used), idle GPUs of the site at
    idle, x PUE; cost through worldmodel/cost.py at the forecast (or published) price.
 
 The spread comes from re-evaluating at the forecast's 80 % and 95 % demand bounds (and the price's upper
@@ -266,8 +268,9 @@ class ForwardModel:
                 learned=snap.corrections.tpot_tail.get(d.request_class, ()),
                 requeued=(queue.outstanding if queue else 0) * reloading.get(d.model, 0.0),
             )
-        for (site, gpu), n in gpus_used.items():  # every node hosting a replica draws its overhead
-            power_w[site] = power_w.get(site, 0.0) + math.ceil(n / _GPUS_PER_NODE - 1e-9) * sm.node_overhead_w(gpu)
+        for key, n in gpus_used.items():  # every node hosting a replica draws its overhead
+            nodes = _nodes_on(n, snap.gpus.get(key, 0), snap.nodes.get(key, 0))
+            power_w[key[0]] = power_w.get(key[0], 0.0) + nodes * sm.node_overhead_w(key[1])
         if self.idle_power:
             for (site, gpu), n in snap.gpus.items():
                 idle = max(n - gpus_used.get((site, gpu), 0.0), 0.0)
@@ -658,6 +661,20 @@ def _mixture_q99(tails: list[tuple[float, Callable[[float], float]]], guess: flo
 def _p_wait(rho: float, servers: float) -> float:
     """P(an arrival waits) in an M/G/c queue at utilization rho (0-1) with c servers (Sakasegawa 1977)."""
     return min(rho ** (math.sqrt(2.0 * (servers + 1.0)) - 1.0), 1.0) if rho > 0.0 else 0.0
+
+
+def _nodes_on(gpus: float, gpus_now: int, nodes_now: int) -> int:
+    """Nodes hosting `gpus` GPUs of one (site, gpu type) over the period (count), from the `nodes_now` nodes its
+    `gpus_now` GPUs sit on at the snapshot: growth fills their free GPUs before it powers a node (first fit);
+    a release empties at most one node per 8 GPUs released (the runtime stops the least-loaded replica,
+    wherever it sits), never fewer than packed nodes."""
+    packed = math.ceil(gpus / _GPUS_PER_NODE - 1e-9)
+    if nodes_now <= 0:
+        return packed
+    if gpus >= gpus_now:
+        spare = nodes_now * _GPUS_PER_NODE - gpus_now
+        return nodes_now + math.ceil(max(gpus - gpus_now - spare, 0.0) / _GPUS_PER_NODE - 1e-9)
+    return max(packed, nodes_now - math.floor((gpus_now - gpus) / _GPUS_PER_NODE))
 
 
 def _batch_cap(sm: ServingModel, p: _Pool, ctx: float) -> float:

@@ -73,7 +73,9 @@ class FleetSnapshot:
     pools : replicas per pool; queues : outstanding requests per class; prefix_hit_rate : share of input
     tokens served from prefix cache per model over the last 15 min (0-1); power_w : mean GPU board power per
     (site, gpu type) over the last minute (W, summed over GPUs); gpus : GPUs seen per (site, gpu type)
-    (count); corrections : fitted serving-model factors; risk_band : uncertainty multiplier (1-2);
+    (count); nodes : nodes those GPUs sit on (count: more than GPUs / 8 once scale-downs leave nodes part-used,
+    and each draws its non-GPU power); corrections : fitted serving-model factors; risk_band : uncertainty
+    multiplier (1-2);
     floors : replica floors of the plan in force per pool (count; empty when unknown).
     """
 
@@ -83,6 +85,7 @@ class FleetSnapshot:
     prefix_hit_rate: Mapping[str, float] = field(default_factory=dict)
     power_w: Mapping[tuple[str, str], float] = field(default_factory=dict)
     gpus: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    nodes: Mapping[tuple[str, str], int] = field(default_factory=dict)
     corrections: Corrections = field(default_factory=Corrections)
     risk_band: float = 1.0
     floors: Mapping[PoolKey, int] = field(default_factory=dict)
@@ -143,7 +146,7 @@ _POWER_SQL = """
 WITH g AS (SELECT site, modelName AS gpu, hostname, gpu AS idx, avg(DCGM_FI_DEV_POWER_USAGE) AS w
            FROM gpu_telemetry WHERE arrived_at <= $as_of AND event_at <= $as_of
              AND event_at > $as_of::TIMESTAMPTZ - INTERVAL 60 SECOND GROUP BY ALL)
-SELECT site, gpu, coalesce(sum(w), 0) AS w, count(*) AS n FROM g GROUP BY ALL
+SELECT site, gpu, coalesce(sum(w), 0) AS w, count(*) AS n, count(DISTINCT hostname) AS nodes FROM g GROUP BY ALL
 """
 _CAL_SQL = "SELECT * FROM calibration_state"
 _BAND_SQL = "SELECT band FROM risk_band WHERE recorded_at <= $as_of ORDER BY recorded_at DESC LIMIT 1"
@@ -200,6 +203,7 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
         prefix_hit_rate=MappingProxyType(prefix),
         power_w=MappingProxyType({(r["site"], r["gpu"]): float(r["w"]) for r in power.iter_rows(named=True)}),
         gpus=MappingProxyType({(r["site"], r["gpu"]): int(r["n"]) for r in power.iter_rows(named=True)}),
+        nodes=MappingProxyType({(r["site"], r["gpu"]): int(r["nodes"]) for r in power.iter_rows(named=True)}),
         corrections=cal.corrections(),
         risk_band=float(band["band"][0]) if band.height and not math.isnan(band["band"][0]) else 1.0,
     )
