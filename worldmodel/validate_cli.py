@@ -3,8 +3,10 @@
 For plans the logging policy did not take (other capacity, precision, clock, batch cap), the ground-truth
 replay is run under each plan imposed for the whole window, and the forward model predicts every period
 from the state built from that replay's own observation stream (records that arrived before the period)
-and the period's realized disturbance (an oracle forecast, so forecast error does not mix in). The
-observational comparison (the logging policy's own plans) is reported beside it.
+and the period's realized disturbance (an oracle forecast, so forecast error does not mix in). Its
+self-calibration also learns from the logging policy's stream up to the period, as a deployed planner weighing
+a plan has calibrated on the policy in force. The observational comparison (the logging policy's own plans)
+is reported beside it.
 
 The realized side is a callable (:data:`Realize`) the ground-truth simulator provides; this module only
 imports it lazily (``worldmodel.groundtruth.imposed:realize``), so the planner's modules stay clear of it.
@@ -19,7 +21,7 @@ import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -201,18 +203,29 @@ def compare(pred: PredictedOutcome, rp: RealizedPeriod) -> dict[str, Any]:
     return row
 
 
-def predict_stream(periods: Iterable[RealizedPeriod], period_s: float, cost_config: CostConfig) -> list[dict]:
-    """Replay one ground-truth stream through the world model: predict each period, then learn from it."""
+def predict_stream(
+    periods: Iterable[RealizedPeriod],
+    period_s: float,
+    cost_config: CostConfig,
+    history: Iterable[RealizedPeriod] = (),
+) -> list[dict]:
+    """Replay one ground-truth stream through the world model: predict each period, then learn from it.
+
+    `history`: the logging policy's stream over the same periods. Its period k is learned (self-calibration only)
+    before period k + 1 is predicted, as a deployed planner has calibrated on the policy in force when it weighs
+    a plan that policy did not take; its fleet and requests stay out of the state the plan is predicted from."""
     ws = WorldState.open(":memory:")
+    seen = WorldState.open(":memory:")
     sm = ServingModel()
     fm = ForwardModel(sm, cost_config)
     cal = SelfCalibrator()
     periods = list(periods)
+    logged = list(history)
     # the realized price of the hour each period starts in (forecast error stays out of this comparison)
     published = [rp.observations.prices for rp in periods if rp.observations.prices.height]
     prices = pl.concat(published, how="vertical_relaxed").sort("interval_start") if published else None
     rows = []
-    for rp in periods:
+    for k, rp in enumerate(periods):
         end = rp.observations.as_of
         start = end - timedelta(seconds=period_s)
         price = 0.0
@@ -221,20 +234,29 @@ def predict_stream(periods: Iterable[RealizedPeriod], period_s: float, cost_conf
             price = float(hour["lmp_usd_mwh"][-1]) if hour.height else 0.0
         pred = fm.evaluate(snapshot(ws, start), rp.plan, oracle_forecast(rp, period_s, price))
         rows.append({**compare(pred, rp), "plan": rp.plan.label or "logging-policy"})
-        obs = rp.observations
-        ws.ingest(
-            {
-                "request_arrival": obs.arrivals,
-                "request_completion": obs.completions,
-                "gpu_telemetry": obs.telemetry,
-                "fleet_event": obs.fleet_events,
-                "price": obs.prices,
-            }
-        )
-        ws.aggregate_period(start, end)
-        calibrate_period(ws, cal, sm, start, end)
+        if k < len(logged):
+            _learn(seen, logged[k].observations, cal, sm, start, end)
+        _learn(ws, rp.observations, cal, sm, start, end)  # last: its records carry both into the snapshot
     ws.close()
+    seen.close()
     return rows
+
+
+def _learn(
+    ws: WorldState, obs: Observations, cal: SelfCalibrator, sm: ServingModel, start: datetime, end: datetime
+) -> None:
+    """Ingest one period's observations into `ws` and self-calibrate `cal` from them."""
+    ws.ingest(
+        {
+            "request_arrival": obs.arrivals,
+            "request_completion": obs.completions,
+            "gpu_telemetry": obs.telemetry,
+            "fleet_event": obs.fleet_events,
+            "price": obs.prices,
+        }
+    )
+    ws.aggregate_period(start, end)
+    calibrate_period(ws, cal, sm, start, end)
 
 
 def _summary(rows: list[dict]) -> dict[str, Any]:
@@ -288,7 +310,7 @@ def run(args: argparse.Namespace, realize: Realize | None = None) -> int:
         result["observational_summary"] = _summary(result["observational"])
         result["imposed"] = {}
         for plan in imposed_plans(observed[0].plan) if observed else []:
-            rows = predict_stream(realize(market, plan, args), period_s, cost_config)
+            rows = predict_stream(realize(market, plan, args), period_s, cost_config, history=observed)
             result["imposed"][plan.label] = {
                 "plan": plan.as_dict(),
                 "periods": rows,

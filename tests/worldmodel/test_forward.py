@@ -176,34 +176,38 @@ def test_risk_band_widens_upper_violation(world, fm):
     assert b.classes[1].violation_rate == a.classes[1].violation_rate
 
 
+def _fake_periods(plan, n=2, tpot_s=(0.04,) * 3):
+    """Realized periods of a synthetic stream: 600 chat arrivals per period, completions at `tpot_s[k]`."""
+    from optimizer.policy import Observations
+    from worldmodel.validate_cli import RealizedClass, RealizedPeriod
+
+    fleet = syn.fleet_events(T0 - timedelta(minutes=10), 4)
+    for k in range(n):
+        start = T0 + timedelta(minutes=5 * k)
+        arr = syn.arrivals(start, 600, rate_per_s=2.0, seed=k).with_columns(pl.col("request_id") + f"-{k}")
+        obs = Observations(
+            start + timedelta(minutes=5),
+            k,
+            arr,
+            syn.completions(arr.head(500), tpot_s=tpot_s[k], prefill_s_per_token=2e-5),
+            syn.telemetry(start, 64 * 30, hosts=8),
+            fleet if k == 0 else fleet.head(0),
+            syn.prices(start, 1),
+        )
+        yield RealizedPeriod(k, plan, obs, 1.5, 5.0, {"chat": RealizedClass(600, 0.02, 900.0, 60.0)})
+
+
 def test_validate_plumbing_with_a_fake_realizer(tmp_path):
     import argparse
     import json
 
-    from optimizer.policy import Observations
-    from worldmodel.validate_cli import RealizedClass, RealizedPeriod, run
+    from worldmodel.validate_cli import run
 
-    fleet = syn.fleet_events(T0 - timedelta(minutes=10), 4)
     calls = []
 
     def realize(market, plan, args):
         calls.append(plan.label if plan else None)
-        used = plan or _plan()
-        for k in range(2):
-            start = T0 + timedelta(minutes=5 * k)
-            arr = syn.arrivals(start, 600, rate_per_s=2.0, seed=k).with_columns(
-                pl.col("request_id") + f"-{k}"
-            )
-            obs = Observations(
-                start + timedelta(minutes=5),
-                k,
-                arr,
-                syn.completions(arr.head(500)),
-                syn.telemetry(start, 64 * 30, hosts=8),
-                fleet if k == 0 else fleet.head(0),
-                syn.prices(start, 1),
-            )
-            yield RealizedPeriod(k, used, obs, 1.5, 5.0, {"chat": RealizedClass(600, 0.02, 900.0, 60.0)})
+        yield from _fake_periods(plan or _plan())
 
     args = argparse.Namespace(markets="PJM", period_minutes=5.0, out=str(tmp_path))
     assert run(args, realize) == 0
@@ -220,6 +224,22 @@ def test_validate_plumbing_with_a_fake_realizer(tmp_path):
     row = imposed["fp8"]["periods"][1]
     assert row["energy_kwh"]["realized"] == 1.5 and row["energy_kwh"]["rel_error"] is not None
     assert row["classes"]["chat"]["violation_rate"]["error_kind"] == "relative"
+
+
+def test_the_logging_streams_history_calibrates_only_what_came_before():
+    """Imposed-plan predictions learn from the logging policy's stream period by period: a change in its
+    period 1 leaves the predictions of periods 0 and 1 as they were and moves period 2's."""
+    from worldmodel.validate_cli import predict_stream
+
+    def tpot99(history_tpot):
+        history = _fake_periods(_plan(), 3, history_tpot)
+        rows = predict_stream(_fake_periods(_plan(n70=2), 3), 300.0, CostConfig(), history=history)
+        return [r["classes"]["chat"]["tpot_p99_ms"]["predicted"] for r in rows]
+
+    base = tpot99((0.04, 0.04, 0.04))
+    slow = tpot99((0.04, 0.20, 0.04))
+    assert slow[:2] == base[:2]
+    assert slow[2] > base[2]
 
 
 def test_lowering_the_floor_in_force_releases_the_replicas_it_held(world, fm):
