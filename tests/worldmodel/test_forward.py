@@ -221,6 +221,8 @@ def test_validate_plumbing_with_a_fake_realizer(tmp_path):
         "batch_cap_32",
     }
     assert calls[0] is None and len(calls) == 6
+    near = imposed["fp8"]["summary"]["ttft_p99_near_saturation"]
+    assert near["cells"] == 2 and near["rel_error_median"] is not None  # chat realized 2%: both periods count
     row = imposed["fp8"]["periods"][1]
     assert row["energy_kwh"]["realized"] == 1.5 and row["energy_kwh"]["rel_error"] is not None
     assert row["classes"]["chat"]["violation_rate"]["error_kind"] == "relative"
