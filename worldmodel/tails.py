@@ -37,6 +37,21 @@ def tpot_exceed(mixed: tuple[float, float, float], cv: float, out_mean: float, o
     return total / len(_Z_NODES)
 
 
+def tpot_quantile(
+    mixed: tuple[float, float, float], cv: float, out_mean: float, out_cv: float, level: float
+) -> float:
+    """Quantile `level` (0-1) of requests' mean TPOT (s) under :func:`tpot_exceed`, by bisection."""
+    t, q, c = mixed
+    lo, hi = t * (1.0 - 4.0 * cv), t + c + 4.0 * cv * (t + c)
+    for _ in range(14):
+        mid = 0.5 * (lo + hi)
+        if tpot_exceed(mixed, cv, out_mean, out_cv, mid) > 1.0 - level:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
 def chunk_mix(rate_per_s: float, t_prefill: float, chunks: float, t_dec: float) -> tuple[float, float, float]:
     """The iterations a replica runs under chunked prefill: (decode step (s), share of iterations carrying a
     prompt chunk (0-1), a chunk's compute (s)), for `rate_per_s` prompts of `chunks` chunks each taking

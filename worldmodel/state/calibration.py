@@ -6,6 +6,7 @@ back (scored residuals, per-key tracks, the risk band); the statistics live in w
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 
@@ -13,8 +14,9 @@ import polars as pl
 
 from streams.workload.protocol import PROTOCOL_V1
 from worldmodel.selfcal import ANY, TAIL_LEVELS, Quantity, SelfCalibrator, model_key
-from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max
+from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max, size_cv_from_p90
 from worldmodel.state.store import REPLICA_STATE_SQL, WorldState
+from worldmodel.tails import chunk_mix, tpot_quantile
 
 #: Prefill busy share (0-1) at which a replica stops giving step-time residuals. Measured (PJM, 8B on H100):
 #: at 0.4 the 10th-percentile TTFT is 0.8x the prior, as on idle replicas; at 0.8 (the imposed half-capacity
@@ -29,8 +31,8 @@ WITH r AS ({REPLICA_STATE_SQL}),
 tel AS (SELECT replica_id, avg(num_requests_running) AS running FROM gpu_telemetry
         WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of AND replica_id IS NOT NULL
         GROUP BY 1),
-c AS (SELECT replica_id, sum(tpot_s * (output_tokens - 1)) / sum(output_tokens - 1) AS tpot_s,
-             avg(input_tokens + output_tokens / 2.0) AS ctx
+c AS (SELECT replica_id, median(tpot_s) AS tpot_s, avg(input_tokens + output_tokens / 2.0) AS ctx,
+             avg(output_tokens) AS out_mean, quantile_cont(output_tokens, 0.9) AS out90
       FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
         AND output_tokens > 1 GROUP BY 1),
 -- single-chunk prompts split at their median uncached size; per half the 10th percentiles of TTFT (the
@@ -75,13 +77,11 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
     prefill budget with others (the engine admits them all into its batch, so no waiting queue shows it) and
     the residuals would read contention as slowness.
 
-    Decode: the decode step implied by the replica's token-weighted mean TPOT, step = TPOT x (1 - prompt rate
-    x prefill time) (every iteration gives each running sequence a token, prompt chunks take that share of the
-    time: the forward model's own TPOT = step / (1 - rho_prefill)), vs the roofline at its mean running batch
-    and context. The raw median TPOT absorbed the chunk stalls the forward model adds again (3.5x on a
-    saturated 8B replica); inverting the interference model's median instead read the PJM 8B step at 0.41-0.45
-    of the prior's where the replica's step slope gives about 0.58 (the median sits below the mean the
-    forward model predicts). Prefill: the replica's single-chunk
+    Decode: the decode step implied by the replica's median TPOT under the forward model's chunk-interference
+    tail (:func:`implied_decode_step`: the step at which the predicted median per-request TPOT, at the
+    replica's prompt rate, prompt size and output lengths, equals the observed one) vs the roofline at its
+    mean running batch and context; before, the raw median TPOT was compared, so the factor absorbed the chunk
+    stalls the forward model adds again (3.5x on a saturated 8B replica). Prefill: the replica's single-chunk
     prompts split at their median uncached size; the difference of the halves' 10th-percentile TTFTs (the
     least-queued requests) vs the difference of the prior's prefill times at the halves' 10th-percentile sizes
     (TTFT rises with size, so a half's fastest requests are its small prompts), so the
@@ -123,9 +123,11 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
             continue
         step = prior.decode_step_s(cfg, float(r["running"]), float(r["ctx"]))
         key = model_key(cfg.model, cfg.precision)
-        # every iteration, prompt chunks or not, gives each running sequence one token, and prompt chunks
-        # take rate x t_pf of the time: the token-weighted mean TPOT is step / (1 - rate x t_pf)
-        rows.append((Quantity.DECODE, cfg.gpu, r["node"], key, step, float(r["tpot_s"]) * (1.0 - rate * t_pf)))
+        out_mean = float(r["out_mean"])
+        out_cv = size_cv_from_p90(out_mean, float(r["out90"]))
+        chunks = new_mean / prior.priors.chunk_tokens
+        implied = implied_decode_step(float(r["tpot_s"]), step, rate, t_pf, chunks, out_mean, out_cv)
+        rows.append((Quantity.DECODE, cfg.gpu, r["node"], key, step, implied))
         if min(r["n_lo"] or 0, r["n_hi"] or 0) >= PREFILL_MIN_PROMPTS:
             # a single-chunk prompt's least-queued TTFT is its compute plus a fixed part (the decode step its
             # chunk rides with, the step in flight when it arrived): the difference between the larger and
@@ -142,13 +144,32 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
     return pl.DataFrame(rows, schema=["quantity", "gpu_type", "node", "model", "predicted", "observed"], orient="row")
 
 
+def implied_decode_step(
+    median_tpot_s: float, prior_step_s: float, rate_per_s: float, t_prefill_s: float, chunks: float,
+    out_mean: float, out_cv: float, cv: float = 0.10,
+) -> float:
+    """The decode step (s) at which the chunk-interference model's median per-request TPOT equals the observed
+    median (s), by bisection on a log scale within 1/10-10x the prior step; the replica serves `rate_per_s`
+    prompts of `chunks` chunks taking `t_prefill_s` in all, with outputs of mean `out_mean` tokens and CV
+    `out_cv`; `cv` is the step-time spread."""
+
+    def median(step: float) -> float:
+        return tpot_quantile(chunk_mix(rate_per_s, t_prefill_s, chunks, step), cv, out_mean, out_cv, 0.5)
+
+    lo, hi = math.log(prior_step_s / 10.0), math.log(prior_step_s * 10.0)
+    for _ in range(20):
+        mid = 0.5 * (lo + hi)
+        if median(math.exp(mid)) < median_tpot_s:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(0.5 * (lo + hi))
+
+
 _TAIL_SQL = """
-WITH d AS (SELECT replica_id, request_class, tpot_s, output_tokens
+WITH c AS (SELECT request_class, tpot_s / nullif(median(tpot_s) OVER (PARTITION BY replica_id), 0) AS ratio
            FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
-             AND output_tokens > 1 AND tpot_s IS NOT NULL),
-c AS (SELECT request_class,
-             tpot_s / nullif(sum(tpot_s * (output_tokens - 1)) OVER w / sum(output_tokens - 1) OVER w, 0) AS ratio
-      FROM d WINDOW w AS (PARTITION BY replica_id))
+             AND output_tokens > 1 AND tpot_s IS NOT NULL)
 SELECT request_class, count(*) AS n, quantile_cont(ratio, $levels) AS q FROM c WHERE ratio IS NOT NULL GROUP BY 1
 """
 
@@ -156,12 +177,10 @@ SELECT request_class, count(*) AS n, quantile_cont(ratio, $levels) AS q FROM c W
 def tpot_tail_quantiles(
     state: WorldState, start: datetime, end: datetime, levels: tuple[float, ...] = TAIL_LEVELS
 ) -> dict[str, tuple[tuple[float, ...], int]]:
-    """Per class, quantiles of per-request TPOT / its replica's token-weighted mean TPOT over one period, and the
-    count.
+    """Per class, quantiles of per-request TPOT / its replica's median TPOT over one period, and the count.
 
-    The replica's token-weighted mean TPOT is what the decode correction fits and what the forward model
-    predicts (see :func:`period_residuals`), so the ratio is the tail shape around it: chunked-prefill stalls
-    of short outputs, node spread.
+    The replica's median TPOT is what the decode correction fits (see :func:`period_residuals`), so the ratio
+    is the tail shape around the calibrated step time: chunked-prefill stalls of short outputs, node spread.
 
     Parameters
     ----------
