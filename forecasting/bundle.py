@@ -41,6 +41,20 @@ def _lognormal_mean(p50: float, p90: float) -> float:
     return p50 * math.exp(sigma * sigma / 2)
 
 
+def period_forecaster(period_s: float = 300.0, horizon_periods: int = 12, seed: int = 0) -> PoolForecaster:
+    """The pool forecaster of one per-period series (arrivals, token quantiles, prefix reuse; `period_s` s steps),
+    as `MarketForecaster` runs it and `aurelius forecast-eval` measures it."""
+    season = int(round(86_400 / period_s))
+    return PoolForecaster(pool=PERIOD_POOL, step_s=period_s, season=season, week=7 * season, seed=seed,
+                          max_horizon=max(36, horizon_periods), source="trace-derived", calib_window=48)
+
+
+def price_forecaster(seed: int = 0) -> PoolForecaster:
+    """The hourly price forecaster of one market, as `MarketForecaster` runs it and `aurelius forecast-eval`
+    measures it."""
+    return PoolForecaster(pool=HOURLY_POOL, max_horizon=48, seed=seed, source="measured")
+
+
 class MarketForecaster:
     """All disturbance forecasts of one market, behind two calls per period (`observe`, `forecast`).
 
@@ -62,14 +76,11 @@ class MarketForecaster:
         self.market, self.period_s, self.horizon_periods, self.seed = market, period_s, horizon_periods, seed
         self.other_markets = tuple(m for m in other_markets if m != market)
         self.truth = truth
-        season = int(round(86_400 / period_s))
-        per = {"step_s": period_s, "season": season, "week": 7 * season, "seed": seed,
-               "max_horizon": max(36, horizon_periods), "source": "trace-derived", "calib_window": 48}
         self._series: dict[str, Forecaster] = {
-            f"{k}/{c}": PoolForecaster(pool=PERIOD_POOL, **per) for k in KINDS for c in CLASSES
+            f"{k}/{c}": period_forecaster(period_s, horizon_periods, seed) for k in KINDS for c in CLASSES
         }
         for name in ("price", *(f"price/{m}" for m in self.other_markets)):
-            self._series[name] = PoolForecaster(pool=HOURLY_POOL, max_horizon=48, seed=seed, source="measured")
+            self._series[name] = price_forecaster(seed)
         for name, (y, at) in (truth or {}).items():
             base = self._series[name]
             self._series[name] = OracleForecaster(y, at, base.step_s, base.season, base.week, base.max_horizon,

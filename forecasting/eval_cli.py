@@ -1,6 +1,8 @@
 """`aurelius forecast-eval`: rolling-origin backtest of the price and arrival forecasters.
 
-Prices: per market, every bundled year from the year before the first requested one is fed to one pool
+Both are measured as `MarketForecaster` runs them (`bundle.price_forecaster`, `bundle.period_forecaster`).
+
+Prices: per market, every bundled year from the year before the first requested one is fed to one price
 forecaster with each price arriving at its interval end (every price unknown until its interval, to measure
 the forecaster itself, also for day-ahead markets). Origins are the forecaster's own replay origins, every
 23 hours (they rotate over the hours of the day), in the requested years; `--origins N` keeps N evenly
@@ -21,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from forecasting.bundle import period_forecaster, price_forecaster
 from forecasting.evaluate import Scores, backtest
-from forecasting.pool import PERIOD_POOL, PoolForecaster
 
 BUCKETS = ((1, 1), (2, 6), (7, 12), (13, 24))
 
@@ -33,7 +35,7 @@ def _price_scores(market: str, years: list[int], horizon: int, n_origins: int | 
     load = [y for y in available_years(market) if min(years) - 1 <= y <= max(years)]
     df = load_prices(market, load)
     us = {c: df[c].dt.epoch("us").to_numpy() for c in ("interval_start", "interval_end")}
-    f = PoolForecaster(max_horizon=max(horizon, 24), source="measured")
+    f = price_forecaster()
     step_us = 3_600_000_000
     grid = np.arange(us["interval_start"].min() // step_us, us["interval_start"].max() // step_us + 1)
     grid = grid[grid % f._every == 0] * step_us
@@ -59,8 +61,7 @@ def _arrival_results(market: str, year: int, horizon: int) -> dict[str, dict]:
     out = {}
     for cls, (y, event_us, arrived_us) in period_counts(wl.history.arrivals_per_minute, wl.requests,
                                                        wl.window.start).items():
-        f = PoolForecaster(pool=PERIOD_POOL, step_s=300.0, season=288,
-                           week=2016, max_horizon=max(horizon, 36), source="trace-derived")
+        f = period_forecaster(300.0, horizon)
         end = int(event_us.max()) + 300_000_000
         first = end - (2 * 288 + 36) * 300_000_000
         origins = np.arange(first, end - 300_000_000, 6 * 300_000_000)
