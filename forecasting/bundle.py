@@ -51,8 +51,10 @@ def period_forecaster(period_s: float = 300.0, horizon_periods: int = 12, seed: 
 
 def price_forecaster(seed: int = 0) -> PoolForecaster:
     """The hourly price forecaster of one market, as `MarketForecaster` runs it and `aurelius forecast-eval`
-    measures it."""
-    return PoolForecaster(pool=HOURLY_POOL, max_horizon=48, seed=seed, source="measured")
+    measures it. Members are scored over the next 24 hours (the policy asks 1-3; with 48 the last bucket's
+    choice followed hours 25-48: ERCOT 2021-2023 price MASE ratio 1.11 / 1.02 / 1.04 against 0.83 / 0.88 /
+    0.99 over 24, all origins)."""
+    return PoolForecaster(pool=HOURLY_POOL, max_horizon=24, seed=seed, source="measured")
 
 
 class MarketForecaster:
