@@ -120,6 +120,12 @@ def test_pareto_gate():
     g = pareto_gate(regress, ref, obj)
     assert not g.passed and "chat violation +0.15 pp > 0.1 pp over reference" in g.reason
     assert pareto_gate(with_violation(better, "chat", ref_chat + 0.0005), ref, obj).passed  # +0.05 pp
+    # within tolerance at the point forecast, +0.5 pp at the 95% demand bound: rejected
+    ref_hi = next(c.violation_rate_hi for c in ref.classes if c.request_class == "chat")
+    classes = tuple(replace(c, violation_rate_hi=ref_hi + 0.005) if c.request_class == "chat" else c
+                    for c in with_violation(better, "chat", ref_chat + 0.0005).classes)
+    g = pareto_gate(replace(better, classes=classes), ref, obj)
+    assert not g.passed and "chat violation at the 95% demand bound +0.50 pp" in g.reason
 
 
 def _scored(plan, outcome, gates=None):
