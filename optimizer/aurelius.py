@@ -196,7 +196,8 @@ class AureliusPolicy(Policy):
                               schedule.carry_usd_per_request if schedule else None)
         tenants = self._observed.tenants()
         space = self._space(ref_plan, tenants, schedule)
-        gctx = GateContext(self._ctx.fleet, forecasts[0], self._previous, tenants, serving)
+        gctx = GateContext(self._ctx.fleet, forecasts[0], self._previous, tenants, serving,
+                           self.world_model.replicas(as_of))
         memo: dict[tuple[object, ...], Scored] = {}
 
         def score(plan: Plan) -> Scored:

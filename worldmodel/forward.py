@@ -269,7 +269,7 @@ class ForwardModel:
                 requeued=(queue.outstanding if queue else 0) * reloading.get(d.model, 0.0),
             )
         for key, n in gpus_used.items():  # every node hosting a replica draws its overhead
-            nodes = _nodes_on(n, snap.gpus.get(key, 0), snap.nodes.get(key, 0))
+            nodes = _nodes_on(n, *snap.placement.get(key, (0, 0)))
             power_w[key[0]] = power_w.get(key[0], 0.0) + nodes * sm.node_overhead_w(key[1])
         if self.idle_power:
             for (site, gpu), n in snap.gpus.items():

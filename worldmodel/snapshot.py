@@ -73,9 +73,10 @@ class FleetSnapshot:
     pools : replicas per pool; queues : outstanding requests per class; prefix_hit_rate : share of input
     tokens served from prefix cache per model over the last 15 min (0-1); power_w : mean GPU board power per
     (site, gpu type) over the last minute (W, summed over GPUs); gpus : GPUs seen per (site, gpu type)
-    (count); nodes : nodes those GPUs sit on (count: more than GPUs / 8 once scale-downs leave nodes part-used,
-    and each draws its non-GPU power); corrections : fitted serving-model factors; risk_band : uncertainty
-    multiplier (1-2);
+    (count; a caller may set the inventory instead, for the owned basis); placement : per (site, gpu type) the
+    GPUs seen hosting replicas over the last minute and the nodes they sit on (count, count: more nodes than
+    GPUs / 8 once scale-downs leave nodes part-used, and each draws its non-GPU power); corrections : fitted
+    serving-model factors; risk_band : uncertainty multiplier (1-2);
     floors : replica floors of the plan in force per pool (count; empty when unknown).
     """
 
@@ -85,7 +86,7 @@ class FleetSnapshot:
     prefix_hit_rate: Mapping[str, float] = field(default_factory=dict)
     power_w: Mapping[tuple[str, str], float] = field(default_factory=dict)
     gpus: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    nodes: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    placement: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     corrections: Corrections = field(default_factory=Corrections)
     risk_band: float = 1.0
     floors: Mapping[PoolKey, int] = field(default_factory=dict)
@@ -203,7 +204,9 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
         prefix_hit_rate=MappingProxyType(prefix),
         power_w=MappingProxyType({(r["site"], r["gpu"]): float(r["w"]) for r in power.iter_rows(named=True)}),
         gpus=MappingProxyType({(r["site"], r["gpu"]): int(r["n"]) for r in power.iter_rows(named=True)}),
-        nodes=MappingProxyType({(r["site"], r["gpu"]): int(r["nodes"]) for r in power.iter_rows(named=True)}),
+        placement=MappingProxyType(
+            {(r["site"], r["gpu"]): (int(r["n"]), int(r["nodes"])) for r in power.iter_rows(named=True)}
+        ),
         corrections=cal.corrections(),
         risk_band=float(band["band"][0]) if band.height and not math.isnan(band["band"][0]) else 1.0,
     )

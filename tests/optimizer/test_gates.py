@@ -22,7 +22,7 @@ from optimizer.gates import (
 )
 from optimizer.levers import PrecisionPolicy, set_pool
 from optimizer.objective import Objective
-from worldmodel.forecast_types import ClassOutcome
+from worldmodel.forecast_types import ClassOutcome, Interval
 
 F = forecast()
 REF = reference_plan()
@@ -96,6 +96,19 @@ def test_policy_gate_rejects_disallowed_precision():
     ctx = replace(CTX, previous=fp8_h100, tenants={"bank": Tenant(("llama-3.1-70b",), ())})
     g = policy_gate(fp8_h100, ctx, by_tenant)
     assert not g.passed and "fp8 not allowed" in g.reason
+
+
+def test_policy_gate_keeps_ceilings_at_the_replicas_in_use_while_interactive_demand_is_forecast():
+    """A ceiling below the replicas a pool runs forces a scale-down under load (its cost outlasts the period
+    the model scores): rejected while interactive arrivals are forecast, allowed in the drain."""
+    cut = set_pool(REF, H100_70B, replica_floor=0, replica_ceiling=2)
+    ctx = replace(CTX, in_use={H100_70B: 5})
+    g = policy_gate(cut, ctx, CFG)
+    assert not g.passed and "site-pjm/llama-3.1-70b/H100: ceiling 2 < 5 replicas in use" in g.reason
+    assert policy_gate(set_pool(REF, H100_70B, replica_floor=0, replica_ceiling=5), ctx, CFG).passed
+    zero = Interval(0.0, 0.0, 0.0, 0.0, 0.0)
+    drain = replace(F, demand=tuple(replace(d, arrivals_per_s=zero) for d in F.demand))
+    assert policy_gate(cut, replace(ctx, forecast=drain), CFG).passed
 
 
 def test_policy_gate_rejects_swap_over_budget():

@@ -314,11 +314,11 @@ def test_part_used_nodes_draw_their_overhead_growth_fills_them_first(world, fm):
     key = (SITE, "H100")
     f = _forecast(0.5)
     plan = _plan(autoscale=False)  # 20 GPUs
-    packed = fm.evaluate(replace(snap, gpus={key: 20}, nodes={key: 3}), plan, f)
-    spread = fm.evaluate(replace(snap, gpus={key: 20}, nodes={key: 8}), plan, f)
+    packed = fm.evaluate(replace(snap, placement={key: (20, 3)}), plan, f)
+    spread = fm.evaluate(replace(snap, placement={key: (20, 8)}), plan, f)
     per_node_kwh = ServingModel().node_overhead_w("H100") * 300 / 3.6e6 * CostConfig().pue.value
     assert spread.energy_kwh - packed.energy_kwh == pytest.approx(5 * per_node_kwh)
-    grown = fm.evaluate(replace(snap, gpus={key: 16}, nodes={key: 4}), plan, f)  # 4 more GPUs fit the 4 nodes
+    grown = fm.evaluate(replace(snap, placement={key: (16, 4)}), plan, f)  # 4 more GPUs fit the 4 nodes
     assert grown.energy_kwh - packed.energy_kwh == pytest.approx(per_node_kwh)
-    shrunk = fm.evaluate(replace(snap, gpus={key: 40}, nodes={key: 8}), plan, f)  # 20 released: 2 nodes emptied
+    shrunk = fm.evaluate(replace(snap, placement={key: (40, 8)}), plan, f)  # 20 released: 2 nodes emptied
     assert shrunk.energy_kwh - packed.energy_kwh == pytest.approx(3 * per_node_kwh)
