@@ -10,7 +10,7 @@ period, and a forced scale-down under load outlasts it, in the ground truth as i
 such cut, the CAISO 70B A100 pool from 8 to 1 in period 18, predicted chat +0.05 pp for its period, cost chat
 +3.1 pp over the window; releases below the ceiling stay the autoscaler's).
 Pareto gate: beat the reference plan's predicted gp/$ without any class's violation rate rising more than
-0.1 percentage point.
+0.1 percentage point, at the point forecast or at the 95% demand bound.
 """
 
 from __future__ import annotations
