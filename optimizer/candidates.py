@@ -301,7 +301,7 @@ def _milp_plan(
     floors = _prewarm_floors(inp, {q.key: sol.replicas[q.key] for q in pools})
     # no arrivals forecast (the drain): only held deferrable work is left, and the ceiling is what releasing it
     # scales the fleet to, so the sized count (at least the reference's floor: every model stays served) caps it
-    drain = not any(d.arrivals_per_s.hi95 > 0.0 for d in now.demand)
+    drain = now.drain
     sized = []
     for q in pools:
         n = sol.replicas[q.key]

@@ -4,8 +4,8 @@ reason; a plan that fails any hard gate is never recommended.
 Hard gates: sla (predicted violation rate per class above its budget), capacity (GPUs per type in the
 inventory, weights and KV cache fitting max_batch), power (predicted peak IT power above the site cap),
 residency (a tenant's model served nowhere in its allowed regions, or served outside them), policy
-(precision not allowed for the model, GPU or tenant; more replicas changed than the swap budget; while
-interactive demand is forecast, a pool's ceiling below the replicas it runs: the forward model scores one
+(precision not allowed for the model, GPU or tenant; more replicas changed than the swap budget; outside the
+drain, a pool's ceiling below the replicas it runs: the forward model scores one
 period, and a forced scale-down under load outlasts it, in the ground truth as in production. At 37740cf one
 such cut, the CAISO 70B A100 pool from 8 to 1 in period 18, predicted chat +0.05 pp for its period, cost chat
 +3.1 pp over the window; releases below the ceiling stay the autoscaler's).
@@ -23,7 +23,6 @@ from optimizer.levers import PrecisionPolicy
 from optimizer.objective import Objective
 from optimizer.plan import Plan
 from optimizer.sizing import kv_sequences
-from streams.workload.protocol import PROTOCOL_V1
 from worldmodel.fleet import SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType
 from worldmodel.forecast_types import DisturbanceForecast, PredictedOutcome
 from worldmodel.servingmodel import ServingModel
@@ -166,16 +165,11 @@ def policy_gate(plan: Plan, ctx: GateContext, cfg: GateConfig) -> GateResult:
     changed = replicas_changed(ctx.previous, plan)
     if changed > cfg.swap_budget:
         bad.append(f"{changed} replicas changed > swap budget {cfg.swap_budget}")
-    if _interactive_demand(ctx.forecast):
+    if not ctx.forecast.drain:
         bad += [f"{'/'.join(p.key)}: ceiling {p.replica_ceiling} < {ctx.in_use[p.key]} replicas in use"
                 for p in plan.pools if p.replica_ceiling < ctx.in_use.get(p.key, 0)]
     return GateResult("policy", not bad, "; ".join(bad) or f"precisions allowed; {changed} replicas changed "
                                                           f"<= swap budget {cfg.swap_budget}")
-
-
-def _interactive_demand(forecast: DisturbanceForecast) -> bool:
-    """Whether any interactive class may see arrivals this period (95% bound above zero; zero in the drain)."""
-    return any(d.arrivals_per_s.hi95 > 0.0 for d in forecast.demand if not PROTOCOL_V1.spec(d.request_class).deferrable)
 
 
 def hard_gates(plan: Plan, outcome: PredictedOutcome, ctx: GateContext,

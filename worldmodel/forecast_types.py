@@ -71,6 +71,11 @@ class DisturbanceForecast:
     other_markets: tuple[MarketPrice, ...] = ()
     pinned_share: dict[tuple[str, str], float] = field(default_factory=dict)
 
+    @property
+    def drain(self) -> bool:
+        """No arrivals possible in any class (every 95% bound zero): the window has ended, only held work is left."""
+        return not any(d.arrivals_per_s.hi95 > 0.0 for d in self.demand)
+
 
 @dataclass(frozen=True)
 class ClassOutcome:

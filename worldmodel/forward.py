@@ -491,7 +491,8 @@ class ForwardModel:
             b = min(max(lam_r * (t_pf + load.n_out * t_dec / (1.0 - rho_pf)), 1.0), b_cap)
         t_dec = sm.decode_step_s(p.cfg, b, ctx)
         # prefill is served in chunks that share iterations with decode: each chunk also waits one decode step
-        s = t_pf + max(1.0, load.n_in / sm.priors.chunk_tokens) * t_dec
+        chunks = load.n_in / sm.priors.chunk_tokens
+        s = t_pf + max(1.0, chunks) * t_dec
         # two places a request waits before its first token: the prompt-chunk queue (each replica hands out
         # chunks first come, first served; busy lam_r x s), and, once the batches are full, a batch slot
         # (lam_r x residence / b_cap of them held). Both as M/G/c (Sakasegawa's P(wait)) over the serving
@@ -513,7 +514,7 @@ class ForwardModel:
         clock = p.power_clock_mhz or p.cfg.sm_clock_mhz
         power = pp.tp * (serving * sm.gpu_power_w(pp.gpu, clock, act) + loading * sm.gpu_power_w(pp.gpu, clock, 0.1))
         # chunked prefill: lam_r x chunks/s iterations carry a chunk of compute c; the rest decode only
-        mixed = chunk_mix(lam_r, t_pf, load.n_in / sm.priors.chunk_tokens, t_dec)
+        mixed = chunk_mix(lam_r, t_pf, chunks, t_dec)
         return _PoolResult(
             n,
             serving,

@@ -100,7 +100,7 @@ def test_policy_gate_rejects_disallowed_precision():
 
 def test_policy_gate_keeps_ceilings_at_the_replicas_in_use_while_interactive_demand_is_forecast():
     """A ceiling below the replicas a pool runs forces a scale-down under load (its cost outlasts the period
-    the model scores): rejected while interactive arrivals are forecast, allowed in the drain."""
+    the model scores): rejected while arrivals are forecast, allowed in the drain."""
     cut = set_pool(REF, H100_70B, replica_floor=0, replica_ceiling=2)
     ctx = replace(CTX, in_use={H100_70B: 5})
     g = policy_gate(cut, ctx, CFG)
