@@ -43,10 +43,13 @@ def _lognormal_mean(p50: float, p90: float) -> float:
 
 def period_forecaster(period_s: float = 300.0, horizon_periods: int = 12, seed: int = 0) -> PoolForecaster:
     """The pool forecaster of one per-period series (arrivals, token quantiles, prefix reuse; `period_s` s steps),
-    as `MarketForecaster` runs it and `aurelius forecast-eval` measures it."""
+    as `MarketForecaster` runs it and `aurelius forecast-eval` measures it. The 80% interval calibrates on the
+    last 48 replayed origins (24 h at one per 30 min), the 95% on the last 96: with 48 for both, 95% coverage
+    of arrivals read 90-95% over four days of each replay workload (`aurelius forecast-eval`), with 96 93-97%."""
     season = int(round(86_400 / period_s))
     return PoolForecaster(pool=PERIOD_POOL, step_s=period_s, season=season, week=7 * season, seed=seed,
-                          max_horizon=max(36, horizon_periods), source="trace-derived", calib_window=48)
+                          max_horizon=max(36, horizon_periods), source="trace-derived", calib_window=48,
+                          tail_window=96)
 
 
 def price_forecaster(seed: int = 0) -> PoolForecaster:

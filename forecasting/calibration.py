@@ -21,7 +21,7 @@ NOMINAL_MISS = {80: 0.2, 95: 0.05}
 
 
 def interval_offsets(residuals: np.ndarray, horizon: int, adj: dict[int, float], pool: int = 2,
-                     min_n: int = 20) -> np.ndarray | None:
+                     min_n: int = 20, rows: dict[int, int] | None = None) -> np.ndarray | None:
     """Offsets (4, horizon) to add to the point: rows lo80, hi80, lo95, hi95; None when too few residuals.
 
     Parameters
@@ -31,28 +31,28 @@ def interval_offsets(residuals: np.ndarray, horizon: int, adj: dict[int, float],
     adj : adaptive correction of the miss rate per level (0-1 probability units).
     pool : neighbouring steps pooled on each side.
     min_n : fewest finite residuals a step needs.
+    rows : per level, the most recent origins (last rows) its quantiles use; default all.
     """
     if residuals.size == 0:
         return None
     width = residuals.shape[1]
     cols = np.minimum(np.arange(horizon), width - 1)
-    qs = []
-    for lvl in LEVELS:
+    q = np.empty((2 * len(LEVELS), width))
+    for i, lvl in enumerate(LEVELS):
         a = float(np.clip(NOMINAL_MISS[lvl] - adj[lvl], NOMINAL_MISS[lvl] / 5, 2 * NOMINAL_MISS[lvl]))
-        qs += [a / 2, 1 - a / 2]
-    pad = np.pad(residuals, ((0, 0), (pool, pool)), constant_values=np.nan)
-    pooled = np.stack([pad[:, c: c + 2 * pool + 1].ravel() for c in range(width)])
-    n = np.sum(np.isfinite(pooled), axis=1)
-    if np.min(n) < min_n:
-        return None
-    srt = np.sort(pooled, axis=1)  # NaN sort last
-    rows = np.arange(width)
-    q = np.empty((len(qs), width))
-    for i, level in enumerate(qs):  # linear interpolation between order statistics, as numpy's default
-        pos = level * (n - 1)
-        lo = np.floor(pos).astype(int)
-        hi = np.minimum(lo + 1, n - 1)
-        q[i] = srt[rows, lo] + (pos - lo) * (srt[rows, hi] - srt[rows, lo])
+        recent = residuals[-(rows or {}).get(lvl, len(residuals)):]
+        pad = np.pad(recent, ((0, 0), (pool, pool)), constant_values=np.nan)
+        pooled = np.stack([pad[:, c: c + 2 * pool + 1].ravel() for c in range(width)])
+        n = np.sum(np.isfinite(pooled), axis=1)
+        if np.min(n) < min_n:
+            return None
+        srt = np.sort(pooled, axis=1)  # NaN sort last
+        at = np.arange(width)
+        for j, level in enumerate((a / 2, 1 - a / 2)):  # linear interpolation between order statistics
+            pos = level * (n - 1)
+            lo = np.floor(pos).astype(int)
+            hi = np.minimum(lo + 1, n - 1)
+            q[2 * i + j] = srt[at, lo] + (pos - lo) * (srt[at, hi] - srt[at, lo])
     return q[:, cols]
 
 

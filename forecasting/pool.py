@@ -63,7 +63,9 @@ class PoolForecaster(Forecaster):
         the hours of the day), season/48 (30 min) for 5-minute series.
     select_window : replayed origins scored for model choice; 0 (auto): 60 for hourly series (about 8 weeks at
         one origin per 23 h), 30 for 5-minute series (15 h).
-    calib_window : replayed origins whose residuals calibrate the intervals.
+    calib_window : replayed origins whose residuals calibrate the 80% interval.
+    tail_window : replayed origins whose residuals calibrate the 95% interval; 0: `calib_window`. A 2.5% tail
+        quantile needs more origins than a 10% one.
     recent_steps : steps whose realized coverage enters the confidence (default season/4).
     gamma : adaptive conformal step (probability per scored pair).
     step_s, season, week, max_horizon, source, seed : see `Forecaster`.
@@ -72,15 +74,17 @@ class PoolForecaster(Forecaster):
     name = "pool"
 
     def __init__(self, pool: tuple[str, ...] = HOURLY_POOL, shadow_every: int = 0,
-                 select_window: int = 0, calib_window: int = 90, recent_steps: int | None = None,
-                 gamma: float = 0.001, step_s: float = 3600.0, season: int = 24, week: int = 168,
-                 max_horizon: int = 48, source: str = "measured", seed: int = 0) -> None:
+                 select_window: int = 0, calib_window: int = 90, tail_window: int = 0,
+                 recent_steps: int | None = None, gamma: float = 0.001, step_s: float = 3600.0,
+                 season: int = 24, week: int = 168, max_horizon: int = 48, source: str = "measured",
+                 seed: int = 0) -> None:
         super().__init__(step_s, season, week, max_horizon, source, seed)
         self.pool = tuple(pool)
         self.shadow_every = shadow_every
         self._every = shadow_every or (season - 1 if season <= 24 else max(1, season // 48))
         self.select_window = select_window or (60 if season <= 24 else 30)
         self.calib_window, self.gamma = calib_window, gamma
+        self.tail_window = max(tail_window, calib_window)
         self.recent_steps = recent_steps or max(3, season // 4)
         names = tuple(dict.fromkeys((*ALWAYS, *self.pool))) if len(self.pool) > 1 else self.pool
         self._members = {n: make_model(n, season, week, seed) for n in names}
@@ -135,15 +139,15 @@ class PoolForecaster(Forecaster):
         chosen = picks[0] if len(set(picks)) == 1 else "/".join(picks)
         adj = hist[-1].adj if hist else {lvl: 0.0 for lvl in LEVELS}
         bands, recent = None, None
-        calib = hist[-self.calib_window:]
+        calib = hist[-self.tail_window:]
         if calib:
             issued = np.stack([r.point[:big_h] for r in calib])
             y, t = self._scored(sub, calib)
             lim = np.stack([r.bands[:, :big_h] for r in calib]) + issued[:, None, :]  # (R, 4, H)
             inside = {lvl: (y >= lim[:, 2 * i]) & (y <= lim[:, 2 * i + 1]) for i, lvl in enumerate(LEVELS)}
-            fresh = np.isfinite(y) & (t >= calib[-1].origin) & (t < o)
+            fresh = np.isfinite(y) & (t >= calib[-1].origin) & (t < o)  # pairs first scored at this origin
             adj = aci_step(adj, {lvl: 1.0 - inside[lvl][fresh] for lvl in LEVELS}, self.gamma)
-            bands = interval_offsets(y - issued, horizon, adj)
+            bands = interval_offsets(y - issued, horizon, adj, rows={80: self.calib_window})
             rec = np.isfinite(y) & (t >= o - self.recent_steps) & (t < o)
             recent = float(np.mean(inside[80][rec])) if rec.any() else None
         if bands is None:
@@ -183,7 +187,7 @@ class PoolForecaster(Forecaster):
     # -- the protocol ---------------------------------------------------------------------------------
     def _forecast(self, view: SeriesView, horizon: int, as_of_us: int) -> Forecast:
         self._sync(view)
-        keep = max(self.calib_window, self.select_window) + self.max_horizon // self._every + 2
+        keep = max(self.tail_window, self.select_window) + self.max_horizon // self._every + 2
         if self._origins:
             last = self._origins[-1].origin
         else:  # older origins would fall out of every window: start the replay where the windows begin
@@ -235,11 +239,11 @@ def _single(model: str) -> type[PoolForecaster]:
         name = model
 
         def __init__(self, shadow_every: int = 0, select_window: int = 0, calib_window: int = 90,
-                     recent_steps: int | None = None, gamma: float = 0.001, step_s: float = 3600.0,
-                     season: int = 24, week: int = 168, max_horizon: int = 48, source: str = "measured",
-                     seed: int = 0) -> None:
-            super().__init__((model,), shadow_every, select_window, calib_window, recent_steps, gamma, step_s,
-                             season, week, max_horizon, source, seed)
+                     tail_window: int = 0, recent_steps: int | None = None, gamma: float = 0.001,
+                     step_s: float = 3600.0, season: int = 24, week: int = 168, max_horizon: int = 48,
+                     source: str = "measured", seed: int = 0) -> None:
+            super().__init__((model,), shadow_every, select_window, calib_window, tail_window, recent_steps, gamma,
+                             step_s, season, week, max_horizon, source, seed)
 
     Single.__name__ = Single.__qualname__ = f"Single_{model}"
     return Single

@@ -4,6 +4,7 @@ from datetime import timedelta
 
 import numpy as np
 
+from forecasting.calibration import interval_offsets
 from forecasting.checks import HOUR_US, T0, synthetic
 from forecasting.evaluate import backtest
 from forecasting.pool import PoolForecaster
@@ -38,3 +39,17 @@ def test_forecast_steps_start_at_the_interval_containing_as_of():
     fc = f.forecast(3, T0 + timedelta(hours=300, minutes=20))
     assert fc.step_at_us[0] == ev[300] and np.all(np.diff(fc.step_at_us) == HOUR_US)
     assert fc.to_interval(0).lo95 <= fc.to_interval(0).point <= fc.to_interval(0).hi95
+
+
+def test_each_level_calibrates_on_its_own_window_of_origins():
+    rng = np.random.default_rng(0)
+    old = rng.normal(0.0, 10.0, size=(200, 6))
+    recent = rng.normal(0.0, 1.0, size=(100, 6))
+    res = np.vstack([old, recent])
+    zero = {80: 0.0, 95: 0.0}
+    split = interval_offsets(res, 6, zero, rows={80: 100})
+    whole = interval_offsets(res, 6, zero)
+    # the 80% band follows the last 100 origins only (sd 1: half-width ~1.28); the 95% band all 300
+    assert np.all(np.abs(split[:2]) < 2.0), split[:2]
+    assert np.allclose(split[2:], whole[2:])
+    assert np.all(np.abs(whole[:2]) > 3.0), whole[:2]
