@@ -3,8 +3,17 @@
 For each step ahead k there is one linear model, fitted by iteratively reweighted least squares towards the
 least-absolute-deviation fit (robust to price spikes; MASE is an absolute-error score). Features of a target
 t = o + k - 1 for origin o (first unobserved index): intercept, the last value y[o-1], the recent level (mean
-of the last season/6 steps), the same slot one day earlier, the mean of that slot over the last 5 days and,
-when the series holds enough weeks, the same slot one week earlier.
+of the last season/6 steps), the same slot one day earlier, the mean of that slot over the last 5 days, the
+value one day before the last (y[o-1-season]: with y[o-1] and the day-ago slot the fit can carry the last
+value forward along yesterday's shape) and, when the series holds enough weeks, the same slot one week
+earlier.
+
+The lag inputs (all but the recent level) are winsorized to median +- 30 MAD of the last `train_steps`
+values before the origin: a spike of $9,000/MWh (ERCOT, February 2021) otherwise echoes through the
+day-ago features a day later. Targets are not clipped. Measured on every origin 2021-2024
+(`aurelius forecast-eval`), price MASE ratio to the better seasonal naive, before -> with the day-before-last
+feature and winsorizing: CAISO 1.032 / 0.918 / 0.964 / 0.986 -> 0.964 / 0.886 / 0.919 / 0.955; the feature
+without winsorizing took ERCOT 2021 from 0.829 to 1.079, winsorizing at 10 MAD ERCOT 2023 from 0.991 to 1.025.
 """
 
 from __future__ import annotations
@@ -15,20 +24,31 @@ from forecasting.models.base import PointModel, PrefixCache, register_model
 from forecasting.store import SeriesView
 
 _DAYS = 5
+_CLIP_MADS = 30.0
 
 
-def _features(y: np.ndarray, cs: np.ndarray, o: np.ndarray, k: np.ndarray | int, s: int,
+def _features(yc: np.ndarray, cs: np.ndarray, o: np.ndarray, k: np.ndarray | int, s: int,
               week: int | None) -> np.ndarray:
-    """Design rows for origins `o` and steps `k` (broadcast together); cs: cumsum of y with a leading 0."""
+    """Design rows for origins `o` and steps `k` (broadcast together); yc: the series winsorized
+    (`_winsorized`), cs: cumsum of the series as observed, with a leading 0."""
     o, k = np.broadcast_arrays(np.asarray(o), np.asarray(k))
     w = max(1, s // 6)
     t = o + k - 1
     day = t - s * np.ceil(k / s).astype(int)
-    cols = [np.ones(len(o)), y[o - 1], (cs[o] - cs[o - w]) / w, y[day]]
-    cols.append(np.mean([y[day - d * s] for d in range(_DAYS)], axis=0))
+    cols = [np.ones(len(o)), yc[o - 1], (cs[o] - cs[o - w]) / w, yc[day]]
+    cols.append(np.mean([yc[day - d * s] for d in range(_DAYS)], axis=0))
+    cols.append(yc[o - 1 - s])
     if week is not None:
-        cols.append(y[t - week * np.ceil(k / week).astype(int)])
+        cols.append(yc[t - week * np.ceil(k / week).astype(int)])
     return np.column_stack(cols)
+
+
+def _winsorized(y: np.ndarray, window: int) -> np.ndarray:
+    """y clipped to median +- `_CLIP_MADS` MAD of its last `window` values."""
+    recent = y[-window:]
+    med = float(np.median(recent))
+    mad = float(np.median(np.abs(recent - med))) + 1e-9
+    return np.clip(y, med - _CLIP_MADS * mad, med + _CLIP_MADS * mad)
 
 
 def _lad(x: np.ndarray, z: np.ndarray, iters: int = 3) -> np.ndarray:
@@ -74,6 +94,7 @@ class LagRegression(PointModel):
 
     def _fit(self, y: np.ndarray, n: int) -> bool:
         cs = np.concatenate([[0.0], np.cumsum(y)])
+        yc = _winsorized(y, self.train_steps)
         self._use_week = len(y) - self._min_origin(n, self.week) - n >= 2 * self.season
         week = self.week if self._use_week else None
         coefs = []
@@ -82,7 +103,7 @@ class LagRegression(PointModel):
             o = np.arange(lo, len(y) - k + 1)
             if len(o) < 2 * self.season:
                 return False
-            coefs.append(_lad(_features(y, cs, o, k, self.season, week), y[o + k - 1]))
+            coefs.append(_lad(_features(yc, cs, o, k, self.season, week), y[o + k - 1]))
         self._coef = coefs
         return True
 
@@ -97,5 +118,5 @@ class LagRegression(PointModel):
         week = self.week if self._use_week else None
         cs = np.concatenate([[0.0], np.cumsum(y)])
         k = np.arange(1, n + 1)
-        rows = _features(y, cs, np.full(n, len(y)), k, self.season, week)
+        rows = _features(_winsorized(y, self.train_steps), cs, np.full(n, len(y)), k, self.season, week)
         return np.einsum("ij,ij->i", rows, np.stack(self._coef[:n]))
