@@ -31,8 +31,9 @@ PERIOD_POOL = ("snaive_day", "snaive_week", "seasonal_mean", "recent_mean", "las
 #: were tried: 30 origins x 6 steps chose worse members at 7-12 (PJM 2023 price MASE 0.414 vs 0.366 there).
 #: The medians (`seasonal_median`, `median_day_week`) join the hourly pool: a price spike moves a mean for days and a
 #: median not. With them and 60 scored origins for hourly series (30 chose members by noise: ERCOT 2022 price MASE
-#: ratio 1.001 vs 0.884, all origins) every market-year 2021-2024 but CAISO 2021 is below 1.0 x the better
-#: seasonal naive (`aurelius forecast-eval`, docs/forecasting.md).
+#: ratio 1.001 vs 0.884, all origins) every market-year 2021-2024 but CAISO 2021 was below 1.0 x the better
+#: seasonal naive; with the regression's day-before-last feature all are (`aurelius forecast-eval`,
+#: docs/forecasting.md).
 #: `last_value` joins the period pool only: in the hourly price pool it carried spikes forward for hours
 #: (PJM 2021 price MASE ratio 1.295 against 0.842 without it; `aurelius forecast-eval --origins 60`).
 HORIZON_BUCKETS = (0, 1, 6)
