@@ -30,8 +30,8 @@ from forecasting.bundle import period_forecaster, price_forecaster
 from forecasting.evaluate import Scores, backtest
 
 BUCKETS = ((1, 1), (2, 6), (7, 12), (13, 24))
-#: Days after the first 5-minute count at which arrival origins start. Scored over the last two days alone
-#: (102 origins, as before), 80% coverage read 79-86% and 95% 89-97%, swinging with which two days they were.
+#: Days after the first 5-minute count at which arrival origins start. Scored over each workload's last two
+#: days alone (102 origins), 80% coverage read 79-86% and 95% 89-97%, swinging with which two days they were.
 ARRIVAL_FIRST_DAY = 3
 
 
