@@ -19,14 +19,7 @@ import json
 from pathlib import Path
 from statistics import median
 
-from worldmodel.validate_cli import NEAR_SATURATION, TARGETS
-
-
-def within_target(predicted: float, realized: float) -> bool:
-    """The validation rule for one cell's violation rate (rates as fractions)."""
-    if realized > TARGETS["violation_rel_above"]:
-        return abs(predicted - realized) / realized <= TARGETS["violation_rel"]
-    return abs(predicted - realized) * 100.0 <= TARGETS["violation_abs_pp"]
+from worldmodel.validate_cli import NEAR_SATURATION, violation_error
 
 
 def _plans(market: dict) -> dict[str, list[dict]]:
@@ -48,7 +41,7 @@ def compare(a: dict, b: dict) -> list[dict]:
                     if q is None or c not in q["classes"]:
                         continue
                     real = cell["violation_rate"]["realized"]
-                    s2s.append(within_target(q["classes"][c]["violation_rate"]["realized"], real))
+                    s2s.append(violation_error(q["classes"][c]["violation_rate"]["realized"], real)[2])
                     model.append(bool(cell["violation_rate"]["ok"]))
                     x, y = q["classes"][c]["ttft_p99_ms"]["realized"], cell["ttft_p99_ms"]["realized"]
                     if c != "batch" and lo <= real <= hi and x and y:

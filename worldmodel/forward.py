@@ -497,9 +497,8 @@ class ForwardModel:
             t_dec = sm.decode_step_s(p.cfg, b, ctx)
             b = min(max(lam_r * (t_pf + load.n_out * t_dec / (1.0 - rho_pf)), 1.0), b_cap)
         t_dec = sm.decode_step_s(p.cfg, b, ctx)
-        # prefill is served in chunks that share iterations with decode: each chunk also waits one decode step
         chunks = load.n_in / sm.priors.chunk_tokens
-        s = t_pf + max(1.0, chunks) * t_dec
+        s = _prompt_service(sm, p.cfg, load.n_in, t_dec)
         # two places a request waits before its first token: the prompt-chunk queue of its replica, and, once
         # the batches are full, a batch slot (lam_r x residence / b_cap of them held; M/G/c with Sakasegawa's
         # P(wait) over the b_cap x replicas slots).
@@ -513,7 +512,7 @@ class ForwardModel:
         edf = (load.lam_i + 0.5 * load.lam_b) / (load.lam_i + load.lam_b) if edf_on else 1.0
         if edf_on:
             lam_q = lam_r * load.lam_i / (load.lam_i + load.lam_b)
-            s_q = sm.prefill_s(p.cfg, load.n_in_i) + max(1.0, load.n_in_i / sm.priors.chunk_tokens) * t_dec
+            s_q = _prompt_service(sm, p.cfg, load.n_in_i, t_dec)
             cv_q = load.size_cv_i
         else:
             lam_q, s_q, cv_q = lam_r, s, load.size_cv
@@ -678,6 +677,12 @@ def _mixture_q99(tails: list[tuple[float, Callable[[float], float]]], guess: flo
 def _p_wait(rho: float, servers: float) -> float:
     """P(an arrival waits) in an M/G/c queue at utilization rho (0-1) with c servers (Sakasegawa 1977)."""
     return min(rho ** (math.sqrt(2.0 * (servers + 1.0)) - 1.0), 1.0) if rho > 0.0 else 0.0
+
+
+def _prompt_service(sm: ServingModel, cfg: PoolConfig, n_in: float, t_dec: float) -> float:
+    """A prompt's time in the chunk queue (s): its compute, and one decode step per chunk (prefill is served
+    in chunks that share iterations with decode)."""
+    return sm.prefill_s(cfg, n_in) + max(1.0, n_in / sm.priors.chunk_tokens) * t_dec
 
 
 def _nodes_on(gpus: float, gpus_now: int, nodes_now: int) -> int:

@@ -159,6 +159,16 @@ def _rel(pred: float, real: float) -> float | None:
     return abs(pred - real) / abs(real) if real and math.isfinite(pred) else None
 
 
+def violation_error(predicted: float, realized: float) -> tuple[float | None, str, bool]:
+    """Error of a predicted violation rate (0-1) against the realized one, its kind and whether it meets the
+    target: relative above a 1 % realized rate (at most 20 %), else absolute in pp (at most 0.5 pp)."""
+    if realized > TARGETS["violation_rel_above"]:
+        err = _rel(predicted, realized)
+        return err, "relative", err is not None and err <= TARGETS["violation_rel"]
+    err = abs(predicted - realized) * 100.0
+    return err, "pp", err <= TARGETS["violation_abs_pp"]
+
+
 def compare(pred: PredictedOutcome, rp: RealizedPeriod) -> dict[str, Any]:
     """One period's predicted vs realized figures with their errors and target checks."""
     row: dict[str, Any] = {
@@ -179,20 +189,14 @@ def compare(pred: PredictedOutcome, rp: RealizedPeriod) -> dict[str, Any]:
         real = rp.classes.get(c.request_class)
         if real is None:
             continue
-        above = real.violation_rate > TARGETS["violation_rel_above"]
-        v_err = (
-            _rel(c.violation_rate, real.violation_rate)
-            if above
-            else abs(c.violation_rate - real.violation_rate) * 100.0
-        )
+        v_err, kind, ok = violation_error(c.violation_rate, real.violation_rate)
         row["classes"][c.request_class] = {
             "violation_rate": {
                 "predicted": c.violation_rate,
                 "realized": real.violation_rate,
                 "error": v_err,
-                "error_kind": "relative" if above else "pp",
-                "ok": v_err is not None
-                and v_err <= (TARGETS["violation_rel"] if above else TARGETS["violation_abs_pp"]),
+                "error_kind": kind,
+                "ok": ok,
             },
             "ttft_p99_ms": {
                 "predicted": c.ttft_p99_ms,
