@@ -21,9 +21,9 @@ import numpy as np
 
 import optimizer.aurelius as aurelius_module
 import optimizer.wiring as wiring
+from schemas.fleet import default_fleet
+from streams.replay.driver import run_replay
 from streams.workload.builder import build_workload
-from worldmodel.fleet import default_fleet
-from worldmodel.groundtruth.replay import run_replay
 from worldmodel.state import WorldState
 
 TIMES: dict[str, list[float]] = defaultdict(list)

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from forecasting.bundle import MarketForecaster
-from optimizer.policy import History, Observations
+from schemas.policy import History, Observations
 from streams.datasets.prices import load_prices
 
 CLASSES = ("code", "chat", "batch")

@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
-from optimizer.plan import Plan, PoolPlan
-from worldmodel.cost import CostConfig
-from worldmodel.forecast_types import ClassDemand, DisturbanceForecast, Interval
+from schemas.cost import CostConfig
+from schemas.forecast import ClassDemand, DisturbanceForecast, Interval
+from schemas.plan import Plan, PoolPlan
 from worldmodel.forward import ForwardModel
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import snapshot

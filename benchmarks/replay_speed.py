@@ -37,7 +37,7 @@ TARGET_S = 120.0
 
 
 def available(policies: tuple[str, ...]) -> list[str]:
-    from optimizer.policy import names
+    from optimizer.registry import names
 
     known = set(names())
     return [p for p in policies if p in known]
@@ -45,11 +45,11 @@ def available(policies: tuple[str, ...]) -> list[str]:
 
 def compile_time(market: str, year: int) -> dict[str, float]:
     """Wall seconds of the first and second replay of one tiny period (compile or cache load, then warm)."""
-    from optimizer.policy import create
+    from optimizer.registry import create
+    from schemas.fleet import default_fleet
+    from streams.replay.driver import run_replay
+    from streams.replay.metrics import summarize
     from streams.workload.builder import build_workload
-    from worldmodel.fleet import default_fleet
-    from worldmodel.groundtruth.metrics import summarize
-    from worldmodel.groundtruth.replay import run_replay
 
     wl = build_workload(market, year, periods=1, seed=0)
     fleet = default_fleet((market,))
@@ -65,11 +65,11 @@ def compile_time(market: str, year: int) -> dict[str, float]:
 
 def throughput(market: str, year: int, policies: list[str]) -> dict[str, dict[str, float]]:
     """Requests per wall second of each policy on one full default window (after compile_time's warm-up)."""
-    from optimizer.policy import create
+    from optimizer.registry import create
+    from schemas.fleet import default_fleet
+    from streams.replay.driver import run_replay
+    from streams.replay.metrics import summarize
     from streams.workload.builder import build_workload
-    from worldmodel.fleet import default_fleet
-    from worldmodel.groundtruth.metrics import summarize
-    from worldmodel.groundtruth.replay import run_replay
 
     t0 = time.perf_counter()
     wl = build_workload(market, year, seed=0)

@@ -14,8 +14,8 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from schemas import decode, validator
-from streams.records import GpuTelemetry, RequestArrival
-from streams.workload.protocol import RequestClass
+from schemas.protocol import RequestClass
+from schemas.records import GpuTelemetry, RequestArrival
 
 T0 = datetime(2023, 7, 1, 13, tzinfo=UTC)
 

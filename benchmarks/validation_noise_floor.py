@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from statistics import median
 
-from worldmodel.validate_cli import NEAR_SATURATION, violation_error
+from streams.replay.validate_cli import NEAR_SATURATION, violation_error
 
 
 def _plans(market: dict) -> dict[str, list[dict]]:

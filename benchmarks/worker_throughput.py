@@ -26,8 +26,8 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+from schemas.topics import Topics, ensure_topics
 from streams import broker
-from streams.topics import Topics, ensure_topics
 
 T0 = datetime(2023, 7, 1, 12, 0, tzinfo=UTC)
 

@@ -2,6 +2,6 @@
 
 Entry points: `forecasting.base.create(name, **config)` / `names()` (the registry), `Forecast` (the frozen
 result), `forecasting.bundle.MarketForecaster` (the per-period facade the optimizer calls) and
-`forecasting.eval_cli.run` (`aurelius forecast-eval`). statsforecast and river are imported only when a
+`streams.forecast_eval_cli.run` (`aurelius forecast-eval`). statsforecast and river are imported only when a
 model that needs them first forecasts. See docs/forecasting.md.
 """

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any, ClassVar, Self
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from forecasting.forecast import Forecast
 from forecasting.store import AsOfStore, SeriesView, as_us_array, from_us, to_us
+from schemas.registry import Registry
 
 
 class Forecaster(ABC):
@@ -104,37 +104,7 @@ class Forecaster(ABC):
         }
 
 
-_FORECASTERS: dict[str, Callable[..., Forecaster]] = {}
-
-
-def register(name: str) -> Callable[[Callable[..., Forecaster]], Callable[..., Forecaster]]:
-    """Register a forecaster factory under `name`; registering a name twice is an error."""
-
-    def deco(factory: Callable[..., Forecaster]) -> Callable[..., Forecaster]:
-        if name in _FORECASTERS:
-            raise ValueError(f"forecaster {name!r} is already registered")
-        _FORECASTERS[name] = factory
-        return factory
-
-    return deco
-
-
-def create(name: str, **kwargs: Any) -> Forecaster:
-    """Build a registered forecaster by name (keyword arguments are its configuration)."""
-    _load_builtin()
-    try:
-        factory = _FORECASTERS[name]
-    except KeyError:
-        raise ValueError(f"unknown forecaster {name!r}; known: {sorted(_FORECASTERS)}") from None
-    return factory(**kwargs)
-
-
-def names() -> list[str]:
-    """Every registered forecaster."""
-    _load_builtin()
-    return sorted(_FORECASTERS)
-
-
-def _load_builtin() -> None:
-    import forecasting.oracle  # noqa: F401
-    import forecasting.pool  # noqa: F401
+FORECASTERS: Registry[Forecaster] = Registry("forecaster", ("forecasting.oracle", "forecasting.pool"))
+register = FORECASTERS.register
+create = FORECASTERS.create
+names = FORECASTERS.names

@@ -1,9 +1,9 @@
 """`MarketForecaster`: the facade the optimizer calls once per control period for one market.
 
     mf = MarketForecaster("PJM", period_s=300.0, horizon_periods=12)
-    mf.start(history, as_of=window_start)        # 7-day aggregates (optimizer.policy.History)
+    mf.start(history, as_of=window_start)        # 7-day aggregates (schemas.policy.History)
     each period:
-        mf.observe(obs)                          # optimizer.policy.Observations of (previous close, as_of]
+        mf.observe(obs)                          # schemas.policy.Observations of (previous close, as_of]
         periods = mf.forecast(obs.as_of)         # tuple[DisturbanceForecast, ...], one per coming period
         raw = mf.last_forecasts                  # dict series -> Forecast (intervals per step), for audit
 
@@ -26,9 +26,9 @@ from forecasting.oracle import OracleForecaster
 from forecasting.pool import HOURLY_POOL, PERIOD_POOL, PoolForecaster
 from forecasting.series import CLASSES, PeriodAggregator
 from forecasting.store import as_us_array, to_us
-from streams.workload.availability import market_rows
-from streams.workload.protocol import PROTOCOL_V1
-from worldmodel.forecast_types import ClassDemand, DisturbanceForecast, Interval, MarketPrice
+from schemas.availability import market_rows
+from schemas.forecast import ClassDemand, DisturbanceForecast, Interval, MarketPrice
+from schemas.protocol import PROTOCOL_V1
 
 KINDS = ("arrivals", "input_p50", "input_p90", "output_p50", "output_p90", "prefix_reuse")
 _Z90 = 1.2816
@@ -99,7 +99,7 @@ class MarketForecaster:
         return tuple(self._series)
 
     def start(self, history: Any, as_of: datetime) -> MarketForecaster:
-        """Ingest the 7-day history (`optimizer.policy.History`); everything in it is known by `as_of`."""
+        """Ingest the 7-day history (`schemas.policy.History`); everything in it is known by `as_of`."""
         p_us = int(round(self.period_s * 1e6))
         apm = history.arrivals_per_minute
         if len(apm):
@@ -134,7 +134,7 @@ class MarketForecaster:
             self._series[name].update_many(rows["lmp_usd_mwh"].to_numpy(), rows["interval_start"], arrived)
 
     def observe(self, obs: Any) -> MarketForecaster:
-        """Ingest one period's `optimizer.policy.Observations` (arrivals, completions, prices as published)."""
+        """Ingest one period's `schemas.policy.Observations` (arrivals, completions, prices as published)."""
         self._agg.add_arrivals(obs.arrivals)
         self._agg.add_completions(obs.completions)
         for name, y, ev, arr in self._agg.close(to_us(obs.as_of)):

@@ -8,7 +8,7 @@ from datetime import datetime
 import numpy as np
 
 from forecasting.store import from_us
-from worldmodel.forecast_types import Interval
+from schemas.forecast import Interval
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from optimizer.fallback import Scored
 from optimizer.levers import LeverSpace
-from optimizer.plan import BatchAdmission, Plan, PoolPlan, Routing
+from schemas.plan import BatchAdmission, Plan, PoolPlan, Routing
 
 CAPACITY_SCALES: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 ADMISSIONS: tuple[BatchAdmission, ...] = (

@@ -28,11 +28,12 @@ from optimizer.gates import GateConfig, GateContext, hard_gates
 from optimizer.levers import LeverSpace, lever_space, plan_key
 from optimizer.objective import Objective
 from optimizer.observed import ObservedState
-from optimizer.plan import BatchAdmission, Plan
-from optimizer.policy import History, Observations, Policy, PolicyContext, create, register
+from optimizer.registry import create, register
 from optimizer.search import LEVER_STAGES, SearchConfig, SearchResult, search
-from worldmodel.forecast_types import DisturbanceForecast, PredictedOutcome
-from worldmodel.provenance import Provenance, Tagged
+from schemas.forecast import DisturbanceForecast, PredictedOutcome
+from schemas.plan import BatchAdmission, Plan
+from schemas.policy import History, Observations, Policy, PolicyContext
+from schemas.provenance import Provenance, Tagged
 from worldmodel.servingmodel import ServingModel
 
 MODES = ("full", "clock-only", "fixed-grid", "no-deferral")

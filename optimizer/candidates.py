@@ -23,16 +23,16 @@ import numpy as np
 from optimizer.capacity_milp import SizingPool, size_capacity
 from optimizer.deferral_lp import risk_adjusted_price
 from optimizer.levers import LeverSpace, PoolLevers, plan_key
-from optimizer.plan import BatchAdmission, Plan, PoolPlan
 from optimizer.sizing import idle_power_w, kv_sequences, replica_power_w, replica_rps
-from worldmodel.cost import CostConfig
-from worldmodel.fleet import GPUS_PER_NODE, FleetSpec, GpuType
-from worldmodel.forecast_types import DisturbanceForecast
+from schemas.cost import CostConfig
+from schemas.fleet import GPUS_PER_NODE, FleetSpec, GpuType
+from schemas.forecast import DisturbanceForecast
+from schemas.plan import BatchAdmission, Plan, PoolPlan
 from worldmodel.forward import market_price
 from worldmodel.servingmodel import ServingModel
 
 _COST = CostConfig()
-#: Rented GPU-hour rates ($/h) and PUE: the operator cost model's values (worldmodel/cost.py, tagged modeled).
+#: Rented GPU-hour rates ($/h) and PUE: the operator cost model's values (schemas/cost.py, tagged modeled).
 GPU_RATE_USD_H: dict[str, float] = {gpu: t.value for gpu, t in _COST.rented_usd_per_gpu_h.items()}
 PUE: float = _COST.pue.value
 

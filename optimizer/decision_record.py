@@ -15,9 +15,9 @@ from typing import Any
 from optimizer.audit_grid import AuditResult
 from optimizer.fallback import Decision, Scored
 from optimizer.objective import predicted_delta
-from optimizer.plan import Plan
 from optimizer.search import SearchResult
-from worldmodel.forecast_types import DisturbanceForecast, Interval, PredictedOutcome
+from schemas.forecast import DisturbanceForecast, Interval, PredictedOutcome
+from schemas.plan import Plan
 
 #: Top candidates kept in the record (count).
 TOP_N = 5

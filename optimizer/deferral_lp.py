@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from optimizer.plan import BatchAdmission, Plan
 from optimizer.sizing import replica_power_w, replica_rps
 from optimizer.solver import solve_highs
-from worldmodel.forecast_types import DisturbanceForecast, Interval
+from schemas.forecast import DisturbanceForecast, Interval
+from schemas.plan import BatchAdmission, Plan
 from worldmodel.servingmodel import ServingModel
 
 #: Penalty for a request missing its deadline ($/request), far above any energy cost.
@@ -105,7 +105,7 @@ def schedule_deferral(
 
     Examples
     --------
-    >>> from worldmodel.forecast_types import Interval
+    >>> from schemas.forecast import Interval
     >>> p = [Interval(v, v, v, v, v) for v in (100.0, 10.0)]
     >>> s = schedule_deferral([Cohort(10, 0, 1)], p, [100, 100], 1e-4)
     >>> s.admission().value, round(s.release[1], 3)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from optimizer.gates import GateResult, pareto_gate
 from optimizer.objective import Objective
-from optimizer.plan import Plan
-from worldmodel.forecast_types import PredictedOutcome
+from schemas.forecast import PredictedOutcome
+from schemas.plan import Plan
 
 
 @dataclass(frozen=True)

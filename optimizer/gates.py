@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 from optimizer.levers import PrecisionPolicy
 from optimizer.objective import Objective
-from optimizer.plan import Plan
 from optimizer.sizing import kv_sequences
-from worldmodel.fleet import SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType
-from worldmodel.forecast_types import DisturbanceForecast, PredictedOutcome
+from schemas.fleet import SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType
+from schemas.forecast import DisturbanceForecast, PredictedOutcome
+from schemas.plan import Plan
 from worldmodel.servingmodel import ServingModel
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
-from optimizer.plan import BatchAdmission, Plan, PoolPlan, Routing
-from worldmodel.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType
+from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType
+from schemas.plan import BatchAdmission, Plan, PoolPlan, Routing
 
 #: Max concurrent sequences per replica the optimizer may set (count).
 MAX_BATCH_STEPS: tuple[int, ...] = (64, 128, 256, 384, 512)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worldmodel.forecast_types import PredictedOutcome
+from schemas.forecast import PredictedOutcome
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Objective:
 
     Examples
     --------
-    >>> from worldmodel.forecast_types import PredictedOutcome
+    >>> from schemas.forecast import PredictedOutcome
     >>> o = PredictedOutcome((), 1.0, 1.0, 1.0, 10.0, 10.0, 0, 0.0, 1.0, 1000.0, 100.0, 80.0)
     >>> Objective(0.5).score(o)
     90.0

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from optimizer.gates import Tenant
-from streams.workload.availability import market_rows
+from schemas.availability import market_rows
 
 #: Until deferrable arrivals are observed, assume the shortest slack the operator promises (s; modeled).
 DEFAULT_DEADLINE_SLACK_S = 1800.0

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from optimizer.fallback import Scored
 from optimizer.levers import LeverSpace, neighbours, plan_key
-from optimizer.plan import Plan
+from schemas.plan import Plan
 
 LEVER_STAGES: tuple[tuple[str, ...], ...] = (("clock", "batch", "precision"), ("admission", "capacity"),
                                              ("routing",))

@@ -7,7 +7,7 @@ self-calibration fits), never from the ground truth. Scoring is the forward mode
 
 from __future__ import annotations
 
-from optimizer.plan import PoolPlan
+from schemas.plan import PoolPlan
 from worldmodel.servingmodel import GPU_SPECS, PoolConfig, ServingModel
 
 #: Share of busy time spent in prefill assumed for power at load (modeled).

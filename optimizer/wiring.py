@@ -11,7 +11,7 @@
 - `OracleForecastProvider`: the same facade fed the realized future (arrivals per class per period, p50/p90
   input and output sizes, realized prices) computed from the replay's `Workload`, flagged oracle in every
   forecast's provenance. Only the `oracle` arm gets it.
-- `build_policy(name, workload, seed)`: reference policies via `optimizer.policy.create`, the aurelius arms
+- `build_policy(name, workload, seed)`: reference policies via `optimizer.registry.create`, the aurelius arms
   with these adapters injected, `production-tuned` as the reference and `production` run beside it: each
   period the better-predicted of the two plans is the Pareto reference (and the fallback).
 
@@ -37,10 +37,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from optimizer.plan import Plan
-from optimizer.policy import History, Observations, Policy, PolicyContext, create
-from worldmodel.cost import CostConfig
-from worldmodel.forecast_types import DisturbanceForecast, Interval, PredictedOutcome
+from optimizer.registry import create
+from schemas.cost import CostConfig
+from schemas.forecast import DisturbanceForecast, Interval, PredictedOutcome
+from schemas.plan import Plan
+from schemas.policy import History, Observations, Policy, PolicyContext
 from worldmodel.forward import ForwardModel
 from worldmodel.selfcal import SelfCalibrator
 from worldmodel.servingmodel import ServingModel
@@ -82,7 +83,7 @@ class WorldStateModel:
 
     Parameters
     ----------
-    cost_config : operator cost configuration of the forward model (defaults: worldmodel/cost.py).
+    cost_config : operator cost configuration of the forward model (defaults: schemas/cost.py).
     serving : the planner's serving model priors (default `ServingModel()`); corrections are fitted here.
     path : DuckDB file of the state (":memory:" by default: one state per replay run).
     telemetry_stride : keep every n-th telemetry sample per GPU (1 = all; the last 60 s are always kept).

@@ -15,10 +15,10 @@ import signal
 from typing import Any
 
 from schemas import SchemaError, decode
+from schemas.dead_letter import DeadLetter
+from schemas.topics import Topics, ensure_topics
 from sinks.audit_store import ParquetAuditStore
 from sinks.base import AuditSink, SinkBackpressureError
-from streams.dead_letter import DeadLetter
-from streams.topics import Topics, ensure_topics
 
 
 async def _add(store: AuditSink, record: dict[str, Any], offset: int) -> None:

@@ -22,12 +22,12 @@ from typing import Any
 
 import faust
 
+from schemas.topics import Topics
 from sinks.base import AuditSink
 from streams.decide import Decider, DecisionInput
 from streams.ingest import IngestBatch, Ingestor
 from streams.pipeline import Inbound, Outbound, Pipeline
 from streams.settings import WorkerSettings
-from streams.topics import Topics
 
 log = logging.getLogger("aurelius.worker")
 

@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from streams.topics import Topics, ensure_topics
+from schemas.topics import Topics, ensure_topics
 
 BANNER = (
     "aurelius broker: IN-MEMORY DEMO BROKER (Tansu), NOT FOR PRODUCTION. "

@@ -71,15 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes (one job = one market/seed workload under every policy)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(_run="worldmodel.groundtruth.replay_cli:run")
+    p.set_defaults(_run="streams.replay.cli:run")
 
     p = sub.add_parser("data", help="what is bundled, and what a window would contain")
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="WHAT")
     d = dsub.add_parser("list", help="list bundled data sets with span, rows, license")
-    d.set_defaults(_run="streams.datasets.cli:run_list")
+    d.set_defaults(_run="streams.data_cli:run_list")
     d = dsub.add_parser("window", help="show the window(s) a replay would use: span, mean price, requests per class")
     _window_flags(d)
-    d.set_defaults(_run="streams.datasets.cli:run_window")
+    d.set_defaults(_run="streams.data_cli:run_window")
 
     p = sub.add_parser("forecast-eval", help="rolling-origin backtest of the forecasters")
     p.add_argument("--markets", default=",".join(MARKETS))
@@ -87,12 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--horizon", type=int, default=24, help="steps ahead (hours for prices)")
     p.add_argument("--origins", type=int, default=None, help="rolling origins per series (default: all weeks)")
     p.add_argument("--out", default="out/forecast")
-    p.set_defaults(_run="forecasting.eval_cli:run")
+    p.set_defaults(_run="streams.forecast_eval_cli:run")
 
     p = sub.add_parser("worldmodel-validate", help="imposed-action test of the planner's forward model")
     _window_flags(p)
     p.add_argument("--out", default="out/validate")
-    p.set_defaults(_run="worldmodel.validate_cli:run")
+    p.set_defaults(_run="streams.replay.validate_cli:run")
 
     p = sub.add_parser("worker", help="the faust worker: topics -> world model -> decisions -> audit topic")
     _kafka_flags(p)

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import polars as pl
 
-from optimizer.policy import History, Observations, Policy, PolicyContext
+from schemas.policy import History, Observations, Policy, PolicyContext
+from schemas.records import frame_schema, ts_to_wire
 from streams.ingest import IDEMPOTENCY_KEYS
-from streams.records import frame_schema, ts_to_wire
 
 OBSERVED_KINDS = tuple(IDEMPOTENCY_KEYS)
 
@@ -41,7 +41,7 @@ class DecisionInput:
 
     period_index : the period decided for (its plan applies from `period_start`).
     period_start : start of that period (UTC); also the decision time `as_of`.
-    observations : kind -> typed frame (streams.records.frame_schema) of the records delivered since the
+    observations : kind -> typed frame (schemas.records.frame_schema) of the records delivered since the
         previous decision; kinds without records may be absent.
     late_records : how many of them are late (their own period had closed) (count).
     """
@@ -65,7 +65,7 @@ def observation_frames(observations: dict[str, pl.DataFrame]) -> dict[str, pl.Da
 
 
 class PolicyDecider:
-    """A registered policy (optimizer.policy) as a `Decider`.
+    """A registered policy (schemas.policy) as a `Decider`.
 
     Parameters
     ----------

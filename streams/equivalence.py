@@ -16,13 +16,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from schemas.topics import Topics
 from sinks.memory import MemorySink
 from streams.app import Worker
 from streams.decide import Decider
 from streams.ingest import DuckDBIngestor
 from streams.pipeline import Inbound, Outbound, Pipeline
 from streams.publish import load_directory, ordered
-from streams.topics import Topics
 
 
 def replay_decisions(directory: str | Path, decider_factory: Callable[[datetime], Decider], period_s: float,
@@ -100,10 +100,10 @@ def embedded_replay(market: str, start: datetime, periods: int, policy: str, out
     period_s : control period (s).
     """
     from optimizer.wiring import build_policy
+    from schemas.fleet import default_fleet
+    from streams.replay.cli import _emit
+    from streams.replay.driver import run_replay
     from streams.workload.builder import build_workload
-    from worldmodel.fleet import default_fleet
-    from worldmodel.groundtruth.replay import run_replay
-    from worldmodel.groundtruth.replay_cli import _emit
 
     wl = build_workload(market, start.year, start=start, periods=periods, period_minutes=period_s / 60.0, seed=seed)
     rec = _Recording(build_policy(policy, wl, seed, period_s=period_s, window_periods=periods))

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from schemas import SchemaError, load, validate
-from streams.records import ts_from_wire, ts_to_wire
-from streams.workload import availability
-from streams.workload.protocol import PROTOCOL_V1
+from schemas import SchemaError, availability, load, validate
+from schemas.protocol import PROTOCOL_V1
+from schemas.records import ts_from_wire, ts_to_wire
 
 #: Units by dimension, as factors to the dimension's base unit.
 UNITS: dict[str, dict[str, float]] = {
@@ -338,7 +337,7 @@ def price_published_at(
     market: str, market_run: str, interval_start: datetime, interval_end: datetime
 ) -> datetime:
     """When a price became known (UTC): real-time at interval end; day-ahead 13:00 market-local the day
-    before the operating day. The bundled market runs defer to ``streams.workload.availability``."""
+    before the operating day. The bundled market runs defer to ``schemas.availability``."""
     if market_run == availability.MARKET_RUN[market]:
         return availability.published_at(market, interval_start)
     if market_run == availability.REAL_TIME_HOURLY:

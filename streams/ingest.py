@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import duckdb
 import polars as pl
 
-from streams.records import frame_schema
+from schemas.records import frame_schema
 from worldmodel.state.migrations import RAW_KINDS
 from worldmodel.state.store import IngestResult, WorldState
 
@@ -40,7 +40,7 @@ _PARSE_TS = "%Y-%m-%dT%H:%M:%S%.f%#z"
 def frame_from_json(kind: str, values: list[bytes]) -> pl.DataFrame:
     """A typed frame of `kind` from validated JSON values, parsed in bulk (polars NDJSON reader).
 
-    Same result as `streams.records.wire_to_frame` on the decoded dicts, about 10x faster. An integer field
+    Same result as `schemas.records.wire_to_frame` on the decoded dicts, about 10x faster. An integer field
     written as an integral float (`1980.0`, which JSON Schema's "integer" accepts) is read as a float and
     cast back exactly.
     """

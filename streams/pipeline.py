@@ -31,11 +31,11 @@ from functools import cache
 from typing import Any
 
 from schemas import SchemaError, decode, load
+from schemas.dead_letter import DeadLetter
+from schemas.records import ts_from_wire
+from schemas.topics import Topics
 from streams.clock import PeriodClock, to_us
-from streams.dead_letter import DeadLetter
 from streams.ingest import IngestBatch, KindRows, WorkerState
-from streams.records import ts_from_wire
-from streams.topics import Topics
 
 SOURCE_HEADER = "aurelius.source"
 

@@ -28,10 +28,10 @@ from typing import Any
 
 import polars as pl
 
+from schemas.records import frame_to_wire, ts_from_wire
+from schemas.topics import INPUT_KINDS, Topics, ensure_topics
 from streams.ingest import record_key
 from streams.pipeline import clock_time
-from streams.records import frame_to_wire, ts_from_wire
-from streams.topics import INPUT_KINDS, Topics, ensure_topics
 
 Item = tuple[datetime, int, str, dict[str, Any]]
 

@@ -22,7 +22,7 @@ class WorkerSettings(BaseSettings):
     db : world-model DuckDB file (state and consumed offsets, one transaction per micro-batch).
     audit_dir : Parquet audit log directory (the worker only publishes; the audit sink writes it).
     market : market the fleet's site serves.
-    policy : registered policy name (optimizer.policy).
+    policy : registered policy name (schemas.policy).
     group_id : consumer group / faust app id.
     period_s : control period length (s).
     allowed_lateness_s : watermark = max event time - allowed lateness (s).

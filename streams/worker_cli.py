@@ -10,22 +10,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from schemas.topics import Topics, ensure_topics
 from sinks.audit_store import ParquetAuditStore
 from streams.app import Worker, build_app
 from streams.decide import Decider, PolicyDecider
 from streams.ingest import DuckDBIngestor
 from streams.pipeline import Pipeline
 from streams.settings import WorkerSettings
-from streams.topics import Topics, ensure_topics
 
 
 def policy_decider(settings: WorkerSettings, origin: datetime) -> Decider:
     """The policy `settings.policy` as a Decider for one market, window starting at `origin`, no history."""
     import polars as pl
 
-    from optimizer.policy import History, PolicyContext
     from optimizer.wiring import build_policy
-    from worldmodel.fleet import default_fleet
+    from schemas.fleet import default_fleet
+    from schemas.policy import History, PolicyContext
 
     ctx = PolicyContext(fleet=default_fleet((settings.market,)), markets=(settings.market,), window_start=origin,
                         period_s=settings.period_s, periods=0, seed=settings.seed)
@@ -56,16 +56,16 @@ def replay_setup(settings: WorkerSettings, start: datetime | None = None) -> Rep
     """
     import polars as pl
 
-    from optimizer.policy import PolicyContext
     from optimizer.wiring import build_policy
+    from schemas.fleet import default_fleet
+    from schemas.policy import PolicyContext
     from streams.workload.builder import build_workload
-    from worldmodel.fleet import default_fleet
 
     wl = build_workload(settings.market, settings.year, rule=settings.window_rule, start=start,  # type: ignore[arg-type]
                         periods=settings.window_periods, period_minutes=settings.period_s / 60.0, seed=settings.seed)
     window_s = (wl.window.end - wl.window.start).total_seconds()
     sla: dict[str, dict[str, float | None]] = {}
-    for cls in ("code", "chat", "batch"):  # as worldmodel.groundtruth.replay gives its policies
+    for cls in ("code", "chat", "batch"):  # as streams.replay.driver gives its policies
         sub = wl.requests.filter(pl.col("request_class") == cls).head(1)
         if sub.height:
             sla[cls] = {"ttft_ms": sub["sla_ttft_ms"][0], "tpot_ms": sub["sla_tpot_ms"][0]}

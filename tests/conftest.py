@@ -124,7 +124,7 @@ def records() -> SimpleNamespace:
 
 def create_topics(bootstrap: str, prefix: str) -> None:
     """Create a deployment's topics (1 partition each) before anything auto-creates them."""
-    from streams.topics import Topics, ensure_topics
+    from schemas.topics import Topics, ensure_topics
 
     asyncio.run(ensure_topics(bootstrap, Topics(prefix=prefix).all()))
 

@@ -20,7 +20,7 @@ A queueing approximation with batching, not a per-request simulation. Per pool (
 5. energy: GPU power from busy share, prefill share, batch and clock (ServingModel), the non-GPU power of every
    node hosting a replica (the nodes the snapshot's GPUs sit on, grown first fit: `_nodes_on`; before, GPUs / 8
    rounded up, 8-13 % under the observed energy once scale-downs left nodes part-used), idle GPUs of the site at
-   idle, x PUE; cost through worldmodel/cost.py at the forecast (or published) price.
+   idle, x PUE; cost through schemas/cost.py at the forecast (or published) price.
 
 The spread comes from re-evaluating at the forecast's 80 % and 95 % demand bounds (and the price's upper
 bound when unpublished): violation_rate_hi is the 95 %-demand violation, gp_per_dollar_lo the worst scenario.
@@ -33,12 +33,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from optimizer.plan import BatchAdmission, Ordering, Plan, PoolPlan
-from streams.workload.protocol import PROTOCOL_V1, Protocol
-from worldmodel import cost
-from worldmodel.fleet import GPUS_PER_NODE as _GPUS_PER_NODE
-from worldmodel.fleet import default_fleet
-from worldmodel.forecast_types import ClassDemand, ClassOutcome, DisturbanceForecast, Interval, PredictedOutcome
+from schemas import cost
+from schemas.fleet import GPUS_PER_NODE as _GPUS_PER_NODE
+from schemas.fleet import default_fleet
+from schemas.forecast import ClassDemand, ClassOutcome, DisturbanceForecast, Interval, PredictedOutcome
+from schemas.plan import BatchAdmission, Ordering, Plan, PoolPlan
+from schemas.protocol import PROTOCOL_V1, Protocol
 from worldmodel.servingmodel import (
     PoolConfig,
     ServingModel,
@@ -113,12 +113,12 @@ class ForwardModel:
     Parameters
     ----------
     serving_model : the planner's roofline model (its corrections are replaced by the snapshot's).
-    cost_config : operator cost configuration (worldmodel/cost.py).
+    cost_config : operator cost configuration (schemas/cost.py).
     protocol : classes, models and SLAs (default protocol v1).
     idle_power : count the site's unassigned GPUs at idle power (False, the default: a GPU that hosts no
         replica is powered down with its node; every node hosting a replica draws its non-GPU overhead).
     inventory : GPUs per (site, gpu type) (count); replicas beyond it cannot be placed (default: the
-        operator's fleet inventory, worldmodel.fleet.default_fleet).
+        operator's fleet inventory, schemas.fleet.default_fleet).
     unobserved_precision_risk : evaluate the upper demand scenarios crediting no gain to a precision never
         observed on its (gpu, model) (`Corrections.pessimistic`), which lowers gp/$_lo of such plans.
     site_markets : the market each site's energy is priced at (default: the operator's fleet); a site whose

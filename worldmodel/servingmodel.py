@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy import special
 
-from worldmodel.fleet import SM_CLOCK_RANGE_MHZ, GpuType
-from worldmodel.provenance import Provenance
+from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType
+from schemas.provenance import Provenance
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ observation into an earlier forecast.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
 
 from forecasting.store import SeriesView, first_mismatch
+from schemas.registry import Registry
 
 
 class PrefixCache:
@@ -60,34 +60,19 @@ class PointModel(ABC):
         """Point forecasts for the `n` grid steps after the view's end; None when the view is too short."""
 
 
-_MODELS: dict[str, Callable[..., PointModel]] = {}
+MODELS: Registry[PointModel] = Registry(
+    "point model",
+    ("forecasting.models.naive", "forecasting.models.online", "forecasting.models.periodic",
+     "forecasting.models.regression"),
+)  # fmt: skip
+model_names = MODELS.names
 
 
 def register_model(cls: type[PointModel]) -> type[PointModel]:
-    """Class decorator: register a point model under its `name`; a duplicate name is an error."""
-    if not cls.name or cls.name in _MODELS:
-        raise ValueError(f"point model name {cls.name!r} empty or already registered")
-    _MODELS[cls.name] = cls
-    return cls
+    """Class decorator: register a point model under its `name`; an empty or duplicate name is an error."""
+    return MODELS.register(cls.name)(cls)
 
 
 def make_model(name: str, season: int, week: int, seed: int = 0) -> PointModel:
     """Build a registered point model."""
-    _load_builtin()
-    try:
-        return _MODELS[name](season=season, week=week, seed=seed)
-    except KeyError:
-        raise ValueError(f"unknown point model {name!r}; known: {sorted(_MODELS)}") from None
-
-
-def model_names() -> list[str]:
-    """Names of every registered point model."""
-    _load_builtin()
-    return sorted(_MODELS)
-
-
-def _load_builtin() -> None:
-    import forecasting.models.naive  # noqa: F401
-    import forecasting.models.online  # noqa: F401
-    import forecasting.models.periodic  # noqa: F401
-    import forecasting.models.regression  # noqa: F401
+    return MODELS.create(name, season=season, week=week, seed=seed)

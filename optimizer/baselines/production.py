@@ -18,8 +18,9 @@ from optimizer.baselines.sizing import (
     site_pools,
     split_rates,
 )
-from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
-from optimizer.policy import History, Observations, Policy, PolicyContext, register
+from optimizer.registry import register
+from schemas.plan import BatchAdmission, Ordering, Plan, Routing
+from schemas.policy import History, Observations, Policy, PolicyContext
 
 
 @register("production")

@@ -8,9 +8,9 @@ from datetime import timedelta
 
 import polars as pl
 
-from optimizer.plan import PoolPlan
-from optimizer.policy import PolicyContext
-from worldmodel.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, Site
+from schemas.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, Site
+from schemas.plan import PoolPlan
+from schemas.policy import PolicyContext
 from worldmodel.servingmodel import PoolConfig, ServingModel
 
 MODEL_OF_CLASS = {"code": "llama-3.1-8b", "chat": "llama-3.1-70b", "batch": "llama-3.1-70b"}

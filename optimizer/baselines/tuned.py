@@ -3,7 +3,7 @@ price rule (the "best fixed" reference of the Koi paper, DESIGN.md).
 
 The configuration (precision where allowed, batch cap, SM clock) is the one that did best on the week before
 the window: the replay harness measures candidate configurations on a past window of the same site
-(worldmodel/groundtruth/tuning.py) and passes the winner as `config`, as an operator tunes on its own past
+(streams/replay/tuning.py) and passes the winner as `config`, as an operator tunes on its own past
 traffic. Without `config` (e.g. inside the optimizer, which has no simulator) it is chosen by scoring every
 candidate with the operator's forward model over periods sampled from the history aggregates. Either way:
 highest SLA-met per dollar among configurations whose violation rate stays within 0.1 pp of the as-deployed
@@ -21,12 +21,13 @@ import polars as pl
 
 from optimizer.baselines.production import ProductionPolicy
 from optimizer.baselines.sizing import MODEL_OF_CLASS
-from optimizer.plan import BatchAdmission, Plan
-from optimizer.policy import History, Observations, Policy, PolicyContext, register
-from streams.workload.availability import market_rows
-from worldmodel.cost import CostConfig
-from worldmodel.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType
-from worldmodel.forecast_types import ClassDemand, DisturbanceForecast, Interval
+from optimizer.registry import register
+from schemas.availability import market_rows
+from schemas.cost import CostConfig
+from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType
+from schemas.forecast import ClassDemand, DisturbanceForecast, Interval
+from schemas.plan import BatchAdmission, Plan
+from schemas.policy import History, Observations, Policy, PolicyContext
 from worldmodel.forward import ForwardModel
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import FleetSnapshot, PoolState

@@ -23,8 +23,8 @@ from zoneinfo import ZoneInfo
 
 import polars as pl
 
+from schemas.availability import MARKET_RUN, MARKET_TZ, published_at_expr
 from streams.datasets.paths import data_dir
-from streams.workload.availability import MARKET_RUN, MARKET_TZ, published_at_expr
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def load_prices(market: str, years: Iterable[int]) -> pl.DataFrame:
     -------
     pl.DataFrame
         market, location, market_run, interval_start, interval_end (Datetime us UTC), lmp_usd_mwh ($/MWh),
-        published_at (Datetime us UTC, see `streams.workload.availability`), sorted by interval_start.
+        published_at (Datetime us UTC, see `schemas.availability`), sorted by interval_start.
         Gaps stay gaps: see `price_gaps`.
     """
     _check(market)

@@ -11,17 +11,14 @@ the trace row before the offset). Pure-trace mode repeats the replayed trace bac
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
-from optimizer.policy import History
-from streams.workload.availability import visible
-from streams.workload.protocol import Protocol, RequestClass
-
-if TYPE_CHECKING:
-    from streams.workload.builder import RateProfile
+from schemas.availability import visible
+from schemas.policy import History
+from schemas.protocol import Protocol, RequestClass
+from streams.workload.rate import RateProfile
 
 QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
 MINUTE_S = 60

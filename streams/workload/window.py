@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import polars as pl
 
-from streams.workload.availability import MARKET_TZ
+from schemas.availability import MARKET_TZ
 
 Rule = Literal["max", "median"]
 

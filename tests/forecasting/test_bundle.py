@@ -6,8 +6,8 @@ import numpy as np
 import polars as pl
 
 from forecasting.bundle import MarketForecaster
-from optimizer.policy import History, Observations
-from worldmodel.forecast_types import DisturbanceForecast
+from schemas.forecast import DisturbanceForecast
+from schemas.policy import History, Observations
 
 START = datetime(2023, 7, 20, 18, tzinfo=UTC)
 CLASSES = ("code", "chat", "batch")

@@ -14,17 +14,17 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
-from optimizer.plan import BatchAdmission, Plan, PoolPlan
-from optimizer.policy import History, Observations, Policy, PolicyContext
 from optimizer.sizing import replica_rps
-from worldmodel.fleet import FleetSpec, GpuType, NodeGroup, Site
-from worldmodel.forecast_types import (
+from schemas.fleet import FleetSpec, GpuType, NodeGroup, Site
+from schemas.forecast import (
     ClassDemand,
     ClassOutcome,
     DisturbanceForecast,
     Interval,
     PredictedOutcome,
 )
+from schemas.plan import BatchAdmission, Plan, PoolPlan
+from schemas.policy import History, Observations, Policy, PolicyContext
 from worldmodel.servingmodel import ServingModel
 
 T0 = datetime(2023, 7, 1, 12, tzinfo=UTC)

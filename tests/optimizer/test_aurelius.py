@@ -22,7 +22,7 @@ from opt_fakes import (
 from optimizer.aurelius import START_FALLBACK, AureliusPolicy
 from optimizer.decision_record import decision_id
 from optimizer.levers import plan_key
-from optimizer.policy import _REGISTRY
+from optimizer.registry import create, names
 
 SCHEMA = fastjsonschema.compile(json.loads(Path("schemas/audit_record.v1.schema.json").read_text()))
 PERIODS = 6
@@ -53,9 +53,9 @@ def full_run() -> list[dict]:
 
 def test_arms_are_registered_with_their_modes():
     arms = {"aurelius", "aurelius-clock-only", "aurelius-fixed-grid", "aurelius-no-deferral", "oracle"}
-    assert arms <= set(_REGISTRY)
-    assert _REGISTRY["aurelius-no-deferral"]().mode == "no-deferral"
-    oracle = _REGISTRY["oracle"]()
+    assert arms <= set(names())
+    assert create("aurelius-no-deferral").mode == "no-deferral"
+    oracle = create("oracle")
     assert oracle.oracle and oracle.name == "oracle"
     with pytest.raises(ValueError, match="inject forecast_provider"):
         oracle.start(context(), history())

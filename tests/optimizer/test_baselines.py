@@ -15,12 +15,13 @@ import numpy as np
 import polars as pl
 import pytest
 
-from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
-from optimizer.policy import Observations, PolicyContext, create
+from optimizer.registry import create
+from schemas.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, default_fleet
+from schemas.plan import BatchAdmission, Ordering, Plan, Routing
+from schemas.policy import Observations, PolicyContext
+from streams.replay.driver import RunResult, run_replay
+from streams.replay.tuning import lead_in_fleet
 from streams.workload.builder import Workload, build_workload
-from worldmodel.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, default_fleet
-from worldmodel.groundtruth.replay import RunResult, run_replay
-from worldmodel.groundtruth.tuning import lead_in_fleet
 
 MARKET = "PJM"
 PERIOD_S = 300.0

@@ -22,7 +22,7 @@ from optimizer.gates import (
 )
 from optimizer.levers import PrecisionPolicy, set_pool
 from optimizer.objective import Objective
-from worldmodel.forecast_types import ClassOutcome, Interval
+from schemas.forecast import ClassOutcome, Interval
 
 F = forecast()
 REF = reference_plan()

@@ -7,8 +7,8 @@ from opt_fakes import forecast, reference_plan
 
 from optimizer.capacity_milp import SizingPool, size_capacity
 from optimizer.deferral_lp import Cohort, plan_deferral, risk_adjusted_price, schedule_deferral
-from optimizer.plan import BatchAdmission
-from worldmodel.forecast_types import Interval
+from schemas.forecast import Interval
+from schemas.plan import BatchAdmission
 from worldmodel.servingmodel import ServingModel
 
 E = 1e-4  # MWh per request

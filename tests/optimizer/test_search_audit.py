@@ -11,7 +11,7 @@ from optimizer.audit_grid import audit_grid, grid_size, regret, run_audit
 from optimizer.fallback import Scored
 from optimizer.levers import lever_space, plan_key, set_pool
 from optimizer.search import SearchConfig, search
-from worldmodel.forecast_types import PredictedOutcome
+from schemas.forecast import PredictedOutcome
 
 REF = reference_plan()
 SPACE = lever_space(FLEET, REF.pools)

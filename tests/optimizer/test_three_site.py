@@ -12,12 +12,12 @@ from opt_fakes import SERVING, TPOT_SLO_S, forecast
 from forecasting.bundle import MarketForecaster
 from optimizer.candidates import MOVE_SHARE, GenerationInputs, generate, site_prices
 from optimizer.levers import lever_space
-from optimizer.plan import Plan, PoolPlan
-from optimizer.policy import History, Observations
 from optimizer.wiring import _Residency
-from worldmodel.cost import CostConfig
-from worldmodel.fleet import default_fleet
-from worldmodel.forecast_types import Interval, MarketPrice
+from schemas.cost import CostConfig
+from schemas.fleet import default_fleet
+from schemas.forecast import Interval, MarketPrice
+from schemas.plan import Plan, PoolPlan
+from schemas.policy import History, Observations
 from worldmodel.forward import ForwardModel
 from worldmodel.snapshot import FleetSnapshot
 

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from optimizer.aurelius import AureliusPolicy
-from optimizer.policy import Observations, create
+from optimizer.registry import create
 from optimizer.wiring import (
     AURELIUS_ARMS,
     ForecastingProvider,
@@ -21,9 +21,10 @@ from optimizer.wiring import (
     build_policy,
     realized_series,
 )
+from schemas.fleet import default_fleet
+from schemas.policy import Observations
+from streams.replay.driver import run_replay
 from streams.workload.builder import Workload, build_workload
-from worldmodel.fleet import default_fleet
-from worldmodel.groundtruth.replay import run_replay
 
 MARKET = "PJM"
 PERIODS = 3  # window periods with arrivals; the policy decides at periods 1..PERIODS

@@ -8,8 +8,8 @@ from zoneinfo import ZoneInfo
 import polars as pl
 import pytest
 
+from schemas.availability import arrival_records, published_at, published_at_expr, visible
 from streams.datasets.prices import load_prices
-from streams.workload.availability import arrival_records, published_at, published_at_expr, visible
 from streams.workload.builder import build_workload
 
 ARRIVAL_FIELDS = [

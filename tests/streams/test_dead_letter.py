@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 import pytest
 
 from schemas import SchemaError, decode, validate
-from streams.dead_letter import DeadLetter, exception_fqcn, original_bytes
-from streams.records import DeadLetterRecord
+from schemas.dead_letter import DeadLetter, exception_fqcn, original_bytes
+from schemas.records import DeadLetterRecord
 
 AT = datetime(2023, 7, 1, 13, 0, 5, tzinfo=UTC)
 BAD_TELEMETRY = b'{"schema_version": "1", "hostname": "node-01", "gpu": -1}'

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from schemas import SchemaError, validate
+from schemas.topics import INPUT_KINDS
 from streams.equivalence import embedded_replay, replay_decisions
 from streams.pipeline import fast_validator
 from streams.publish import load_directory
 from streams.settings import WorkerSettings
-from streams.topics import INPUT_KINDS
 
 START = datetime(2023, 7, 27, 16, tzinfo=UTC)
 PERIODS = 4

@@ -349,7 +349,7 @@ def test_gridstatus_day_ahead_published_1300_local_day_before(fm):
 
 
 def test_published_at_defers_to_availability():
-    from streams.workload import availability
+    from schemas import availability
 
     start = datetime(2023, 7, 10, 5, tzinfo=UTC)
     end = datetime(2023, 7, 10, 6, tzinfo=UTC)

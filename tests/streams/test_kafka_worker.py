@@ -14,9 +14,9 @@ from datetime import timedelta
 import pyarrow.parquet as pq
 import pytest
 
+from schemas.topics import Topics
 from sinks import sql
 from sinks.audit_store import FILE_GLOB
-from streams.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

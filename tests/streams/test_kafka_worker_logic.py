@@ -9,12 +9,12 @@ import asyncio
 import json
 from datetime import timedelta
 
+from schemas.topics import Topics
 from sinks.memory import MemorySink
 from streams.app import Worker
 from streams.decide import DecisionInput
 from streams.ingest import DuckDBIngestor
 from streams.pipeline import Inbound, Outbound, Pipeline
-from streams.topics import Topics
 
 
 class CountingDecider:

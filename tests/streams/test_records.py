@@ -13,7 +13,9 @@ import polars as pl
 import pytest
 
 from schemas import SchemaError, load, validate
-from streams.records import (
+from schemas.fleet import Precision
+from schemas.protocol import RequestClass
+from schemas.records import (
     RECORD_TYPES,
     DeadLetterRecord,
     FinishReason,
@@ -30,8 +32,6 @@ from streams.records import (
     ts_to_wire,
     wire_to_frame,
 )
-from streams.workload.protocol import RequestClass
-from worldmodel.fleet import Precision
 
 T0 = datetime(2023, 7, 1, 13, tzinfo=UTC)
 MS = timedelta(milliseconds=1)

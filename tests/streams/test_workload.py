@@ -11,11 +11,12 @@ import numpy as np
 import polars as pl
 import pytest
 
+from schemas.protocol import PROTOCOL_V1
 from streams.cli import main
 from streams.datasets.prices import load_prices
 from streams.datasets.traces import load_azure, load_mooncake
-from streams.workload.builder import REGIONS, REQUEST_SCHEMA, RateProfile, build_workload
-from streams.workload.protocol import PROTOCOL_V1
+from streams.workload.builder import REGIONS, REQUEST_SCHEMA, build_workload
+from streams.workload.rate import RateProfile
 from streams.workload.window import run_means, select_window
 
 MARKETS = ("PJM", "ERCOT", "CAISO")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worldmodel.cost import (
+from schemas.cost import (
     DEFAULT_COST,
     NonPositiveCostError,
     energy_cost_usd,
@@ -13,7 +13,7 @@ from worldmodel.cost import (
     gpu_cost_rented_usd,
     total_cost,
 )
-from worldmodel.provenance import Provenance
+from schemas.provenance import Provenance
 
 
 def test_defaults_tagged():

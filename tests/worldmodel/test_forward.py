@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 import polars as pl
 import pytest
 
-from optimizer.plan import BatchAdmission, Ordering, Plan, PoolPlan
-from worldmodel.cost import CostConfig
-from worldmodel.forecast_types import ClassDemand, DisturbanceForecast, Interval
+from schemas.cost import CostConfig
+from schemas.forecast import ClassDemand, DisturbanceForecast, Interval
+from schemas.plan import BatchAdmission, Ordering, Plan, PoolPlan
 from worldmodel.forward import ForwardModel
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import snapshot
@@ -178,8 +178,8 @@ def test_risk_band_widens_upper_violation(world, fm):
 
 def _fake_periods(plan, n=2, tpot_s=(0.04,) * 3):
     """Realized periods of a synthetic stream: 600 chat arrivals per period, completions at `tpot_s[k]`."""
-    from optimizer.policy import Observations
-    from worldmodel.validate_cli import RealizedClass, RealizedPeriod
+    from schemas.policy import Observations
+    from streams.replay.validate_cli import RealizedClass, RealizedPeriod
 
     fleet = syn.fleet_events(T0 - timedelta(minutes=10), 4)
     for k in range(n):
@@ -201,7 +201,7 @@ def test_validate_plumbing_with_a_fake_realizer(tmp_path):
     import argparse
     import json
 
-    from worldmodel.validate_cli import run
+    from streams.replay.validate_cli import run
 
     calls = []
 
@@ -231,7 +231,7 @@ def test_validate_plumbing_with_a_fake_realizer(tmp_path):
 def test_the_logging_streams_history_calibrates_only_what_came_before():
     """Imposed-plan predictions learn from the logging policy's stream period by period: a change in its
     period 1 leaves the predictions of periods 0 and 1 as they were and moves period 2's."""
-    from worldmodel.validate_cli import predict_stream
+    from streams.replay.validate_cli import predict_stream
 
     def tpot99(history_tpot):
         history = _fake_periods(_plan(), 3, history_tpot)

@@ -12,14 +12,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-from optimizer.plan import BatchAdmission, Ordering, Plan, PoolPlan, Routing
-from optimizer.policy import History, Observations, Policy, PolicyContext, create
+from optimizer.registry import create
+from schemas.cost import CostConfig
+from schemas.fleet import default_fleet
+from schemas.plan import BatchAdmission, Ordering, Plan, PoolPlan, Routing
+from schemas.policy import History, Observations, Policy, PolicyContext
+from streams.replay.driver import RunResult, run_replay
+from streams.replay.metrics import request_outcomes, summarize
 from streams.workload.builder import REQUEST_SCHEMA, Workload, build_workload
-from worldmodel.cost import CostConfig
-from worldmodel.fleet import default_fleet
-from worldmodel.groundtruth.metrics import request_outcomes, summarize
 from worldmodel.groundtruth.observe import met
-from worldmodel.groundtruth.replay import RunResult, run_replay
 from worldmodel.groundtruth.runtime import SiteRuntime
 from worldmodel.physics import node_overhead_w, step_coefficients
 

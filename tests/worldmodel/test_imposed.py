@@ -1,4 +1,4 @@
-"""The ground-truth side of the imposed-action test: worldmodel.groundtruth.imposed.realize."""
+"""The ground-truth side of the imposed-action test: streams.replay.imposed.realize."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
-from optimizer.plan import Plan
-from worldmodel.groundtruth.imposed import realize, realized_periods, run_window
-from worldmodel.groundtruth.metrics import summarize
-from worldmodel.validate_cli import RealizedPeriod
+from schemas.plan import Plan
+from streams.replay.imposed import realize, realized_periods, run_window
+from streams.replay.metrics import summarize
+from streams.replay.validate_cli import RealizedPeriod
 
 PERIOD_S = 300.0
 #: replicas pinned per (model, gpu) in the fixed-capacity plan (fits the default site: 62 H100 + 16 A100 GPUs)

@@ -10,7 +10,7 @@ from datetime import datetime
 import numpy as np
 import polars as pl
 
-from worldmodel.fleet import GPUS_PER_NODE, PRECISION_INDEX
+from schemas.fleet import GPUS_PER_NODE, PRECISION_INDEX
 
 _UTC = pl.Datetime("us", "UTC")
 _EVENT_KINDS = ("replica_started", "replica_ready", "replica_stopped", "replica_reconfigured")

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from optimizer.plan import BatchAdmission, Ordering, Plan, Routing
-from worldmodel.fleet import DEFAULT_TP, GPU_INDEX, GPUS_PER_NODE, PRECISION_INDEX, SM_CLOCK_RANGE_MHZ, GpuType, Site
+from schemas.fleet import DEFAULT_TP, GPU_INDEX, GPUS_PER_NODE, PRECISION_INDEX, SM_CLOCK_RANGE_MHZ, GpuType, Site
+from schemas.plan import BatchAdmission, Ordering, Plan, Routing
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.engine import TEL_DT, empty_heap, run_until
 from worldmodel.groundtruth.reconfigure import reload_replica

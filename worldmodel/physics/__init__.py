@@ -18,12 +18,12 @@ from functools import cache
 
 import numpy as np
 
-from worldmodel.fleet import GpuType, Precision
+from schemas.fleet import GpuType, Precision
+from schemas.provenance import Provenance
 from worldmodel.physics import clock, tables
 from worldmodel.physics.calibrate import AICONFIGURATOR, fitted, splitwise_a100_ratio
 from worldmodel.physics.power import gpu_power_w, node_overhead_w
 from worldmodel.physics.tables import kv_capacity_tokens, weights_load_s
-from worldmodel.provenance import Provenance
 
 #: Order of `StepCoefficients.as_array()` (float64), fixed for the numba simulator.
 COEFF_FIELDS: tuple[str, ...] = (

@@ -12,8 +12,8 @@ A coefficient c measured at the maximum clock f_max becomes c x (f_max / f) ** a
 
 from __future__ import annotations
 
-from worldmodel.fleet import SM_CLOCK_RANGE_MHZ, GpuType
-from worldmodel.provenance import Provenance, Tagged
+from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType
+from schemas.provenance import Provenance, Tagged
 
 PREFILL_CLOCK_EXPONENT = Tagged(
     1.0, "1", Provenance.MODELED, "compute-bound; Splitwise 70% power cap -> prefill 1.30x (REFERENCES.md)"

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from worldmodel.fleet import GPUS_PER_NODE
+from schemas.fleet import GPUS_PER_NODE
+from schemas.provenance import Provenance, Tagged
 from worldmodel.physics.tables import gpu_spec, max_clock_mhz
-from worldmodel.provenance import Provenance, Tagged
 
 CLOCK_POWER_EXPONENT = Tagged(
     2.2, "1", Provenance.MODELED, "P_dyn ~ f V^2, V tracking f over the upper DVFS range; typical 2-2.5"

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worldmodel.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, Precision
-from worldmodel.provenance import Provenance, Tagged
+from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, Precision
+from schemas.provenance import Provenance, Tagged
 
 GB = 1e9
 REFS = "REFERENCES.md"

@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from streams.workload.protocol import PROTOCOL_V1
+from schemas.protocol import PROTOCOL_V1
 from worldmodel.selfcal import ANY, TAIL_LEVELS, Quantity, SelfCalibrator, model_key
 from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max, size_cv_from_p90
 from worldmodel.state.store import REPLICA_STATE_SQL, WorldState

@@ -17,7 +17,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from worldmodel.forecast_types import DisturbanceForecast, Interval
+from schemas.forecast import DisturbanceForecast, Interval
 from worldmodel.state.migrations import RAW_KINDS, migrate, schema_version
 
 #: Replica state from the last fleet event of each replica that arrived by $as_of.

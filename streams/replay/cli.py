@@ -29,15 +29,15 @@ import polars as pl
 from tqdm import tqdm
 
 from optimizer.decision_record import decision_id
-from optimizer.policy import create
+from optimizer.registry import create
 from optimizer.wiring import build_policy
+from schemas.fleet import default_fleet
+from streams.replay.driver import RunResult, run_replay
+from streams.replay.metrics import PROVENANCE, per_period, request_outcomes, summarize
+from streams.replay.tuning import lead_in_fleet, tune_static
 from streams.workload.builder import Workload, build_workload
 from streams.workload.residency import assign_residency
-from worldmodel.fleet import default_fleet
-from worldmodel.groundtruth.metrics import PROVENANCE, per_period, request_outcomes, summarize
-from worldmodel.groundtruth.replay import RunResult, run_replay
 from worldmodel.groundtruth.runtime import Physics
-from worldmodel.groundtruth.tuning import lead_in_fleet, tune_static
 
 
 def _csv(s: str) -> list[str]:

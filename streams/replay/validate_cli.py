@@ -9,7 +9,7 @@ a plan has calibrated on the policy in force. The observational comparison (the 
 is reported beside it.
 
 The realized side is a callable (:data:`Realize`) the ground-truth simulator provides; this module only
-imports it lazily (``worldmodel.groundtruth.imposed:realize``), so the planner's modules stay clear of it.
+imports it lazily (``streams.replay.imposed:realize``), so the planner's modules stay clear of it.
 Output: ``OUT/validation.json``.
 """
 
@@ -27,12 +27,12 @@ from typing import Any
 
 import polars as pl
 
-from optimizer.plan import Plan
-from optimizer.policy import Observations
-from streams.workload.protocol import PROTOCOL_V1
-from worldmodel.cost import CostConfig
-from worldmodel.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, Precision
-from worldmodel.forecast_types import ClassDemand, DisturbanceForecast, Interval, PredictedOutcome
+from schemas.cost import CostConfig
+from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, Precision
+from schemas.forecast import ClassDemand, DisturbanceForecast, Interval, PredictedOutcome
+from schemas.plan import Plan
+from schemas.policy import Observations
+from schemas.protocol import PROTOCOL_V1
 from worldmodel.forward import ForwardModel
 from worldmodel.selfcal import SelfCalibrator
 from worldmodel.servingmodel import ServingModel
@@ -49,7 +49,7 @@ TARGETS = {
     "violation_rel_above": 0.01,
     "ttft_p99_rel_near_saturation": 0.15,
 }
-DEFAULT_REALIZE = "worldmodel.groundtruth.imposed:realize"
+DEFAULT_REALIZE = "streams.replay.imposed:realize"
 #: Interactive period-class cells "near saturation" for the p99 TTFT target: a realized violation rate (0-1) in
 #: this range, the SLA under stress while the queue still drains (above it the pool is overloaded and the p99
 #: is the backlog's age).
@@ -296,7 +296,7 @@ def _load_realize(spec: str) -> Realize:
     except (ImportError, AttributeError) as exc:
         raise SystemExit(
             f"worldmodel-validate needs the ground-truth realizer {spec} "
-            f"(signature worldmodel.validate_cli.Realize): {exc}"
+            f"(signature streams.replay.validate_cli.Realize): {exc}"
         ) from exc
 
 
@@ -306,7 +306,7 @@ def run(args: argparse.Namespace, realize: Realize | None = None) -> int:
     Parameters
     ----------
     args : the parsed ``worldmodel-validate`` flags (window flags and ``--out``).
-    realize : the ground-truth side (default: ``worldmodel.groundtruth.imposed:realize``, loaded lazily).
+    realize : the ground-truth side (default: ``streams.replay.imposed:realize``, loaded lazily).
     """
     realize = realize or _load_realize(DEFAULT_REALIZE)
     period_s = float(args.period_minutes) * 60.0

@@ -1,4 +1,4 @@
-"""The one interface every policy shares (Aurelius and every reference), and its registry.
+"""The one interface every policy shares (Aurelius and every reference); the registry is optimizer.registry.
 
 A policy is told the static context once (`start`), then at each control period's close gets only the
 observations that arrived in that period (`plan`) and returns the plan for the next period. It keeps
@@ -9,15 +9,14 @@ ground-truth simulator.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import polars as pl
 
-from optimizer.plan import Plan
-from worldmodel.fleet import FleetSpec
+from schemas.fleet import FleetSpec
+from schemas.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -84,38 +83,3 @@ class Policy(ABC):
     def last_decision(self) -> dict[str, Any] | None:
         """The audit record of the last decision, if this policy keeps one."""
         return None
-
-
-_REGISTRY: dict[str, Callable[..., Policy]] = {}
-
-
-def register(name: str) -> Callable[[Callable[..., Policy]], Callable[..., Policy]]:
-    """Register a policy factory under `name`; registering a name twice is an error."""
-
-    def deco(factory: Callable[..., Policy]) -> Callable[..., Policy]:
-        if name in _REGISTRY:
-            raise ValueError(f"policy {name!r} is already registered")
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
-def create(name: str, **kwargs: Any) -> Policy:
-    """Build a registered policy by name."""
-    _load_builtin()
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {sorted(_REGISTRY)}") from None
-    return factory(**kwargs)
-
-
-def names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def _load_builtin() -> None:
-    import optimizer.aurelius  # noqa: F401  (registers aurelius and its arms)
-    import optimizer.baselines  # noqa: F401  (registers production, production-tuned, naive)

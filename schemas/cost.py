@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from worldmodel.provenance import Provenance, Tagged
+from schemas.provenance import Provenance, Tagged
 
 HOURS_PER_YEAR = 8760.0
 _SRC = "DESIGN.md cost-model defaults"

@@ -15,11 +15,11 @@ from typing import Any
 
 import polars as pl
 
-from optimizer.policy import Observations, Policy, PolicyContext
+from schemas.fleet import FleetSpec
+from schemas.policy import Observations, Policy, PolicyContext
 from streams.datasets.prices import load_prices
 from streams.workload.builder import Workload
 from streams.workload.history import history_prices
-from worldmodel.fleet import FleetSpec
 from worldmodel.groundtruth.observe import ObservationStream
 from worldmodel.groundtruth.runtime import Physics, SiteRuntime
 

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from optimizer.baselines.tuned import TunedProductionPolicy
+from schemas.fleet import FleetSpec
+from streams.replay.driver import run_replay
+from streams.replay.metrics import summarize
 from streams.workload.builder import build_workload
-from worldmodel.fleet import FleetSpec
 from worldmodel.groundtruth import state as st
-from worldmodel.groundtruth.metrics import summarize
-from worldmodel.groundtruth.replay import run_replay
 from worldmodel.groundtruth.runtime import Physics
 
 DEPLOYED = ("bf16", 256, 1.0)

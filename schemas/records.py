@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Self, get_args, get_origin, get_type_hints
 import polars as pl
 
 from schemas import SCHEMA_VERSION, SchemaError, validator
-from streams.workload.protocol import RequestClass
+from schemas.protocol import RequestClass
 
 _WIRE_TS = "%Y-%m-%dT%H:%M:%S.%fZ"
 _FRAME_TS = "%Y-%m-%dT%H:%M:%S%.6fZ"

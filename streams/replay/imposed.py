@@ -1,7 +1,7 @@
 """The ground-truth side of AID's imposed-action test (``aurelius worldmodel-validate``).
 
 :func:`realize` replays one market's window under either the logging policy (``production``) or a plan
-imposed for the whole window, and yields one :class:`~worldmodel.validate_cli.RealizedPeriod` per control
+imposed for the whole window, and yields one :class:`~streams.replay.validate_cli.RealizedPeriod` per control
 period through the drain: the plan in force, the observations that arrived in the period (what a policy
 would receive), the period's site energy and rented cost, and per-class outcomes of the requests that
 *arrived* in it (unfinished requests count as violations).
@@ -22,14 +22,15 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from optimizer.plan import Plan
-from optimizer.policy import History, Observations, Policy, PolicyContext, create
+from optimizer.registry import create
+from schemas.cost import CostConfig
+from schemas.fleet import default_fleet
+from schemas.plan import Plan
+from schemas.policy import History, Observations, Policy, PolicyContext
+from streams.replay.driver import RunResult, run_replay
+from streams.replay.metrics import CLASSES, period_costs, request_outcomes
+from streams.replay.validate_cli import RealizedClass, RealizedPeriod
 from streams.workload.builder import build_workload
-from worldmodel.cost import CostConfig
-from worldmodel.fleet import default_fleet
-from worldmodel.groundtruth.metrics import CLASSES, period_costs, request_outcomes
-from worldmodel.groundtruth.replay import RunResult, run_replay
-from worldmodel.validate_cli import RealizedClass, RealizedPeriod
 
 LOGGING_POLICY = "production"
 

@@ -90,8 +90,8 @@ def _parse_start(text: str | None) -> datetime | None:
 
 def run_window(args: argparse.Namespace) -> int:
     """Print, per market (and year), the window in UTC and market-local time, mean price and requests."""
+    from schemas.protocol import PROTOCOL_V1
     from streams.workload.builder import build_workload
-    from streams.workload.protocol import PROTOCOL_V1
 
     markets = [m.strip().upper() for m in args.markets.split(",") if m.strip()]
     years = [int(y) for y in args.years.split(",")] if args.years else [args.year]

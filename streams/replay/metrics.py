@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from worldmodel.cost import CostConfig, energy_cost_usd, gpu_cost_owned_usd, gpu_cost_rented_usd
+from schemas.cost import CostConfig, energy_cost_usd, gpu_cost_owned_usd, gpu_cost_rented_usd
+from streams.replay.driver import RunResult
 from worldmodel.groundtruth.observe import met
-from worldmodel.groundtruth.replay import RunResult
 from worldmodel.groundtruth.scaler import TEL_DT
 
 CLASSES = ("code", "chat", "batch")

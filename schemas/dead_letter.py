@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from schemas import SchemaError
-from streams.records import DeadLetterRecord
+from schemas.records import DeadLetterRecord
 
 #: Kafka Connect error-reporting stages (org.apache.kafka.connect.runtime.errors.Stage).
 STAGES = frozenset(
