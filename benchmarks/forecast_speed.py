@@ -19,9 +19,9 @@ import polars as pl
 
 from forecasting.bundle import MarketForecaster
 from schemas.policy import History, Observations
+from schemas.protocol import CLASSES
 from streams.datasets.prices import load_prices
 
-CLASSES = ("code", "chat", "batch")
 SHARE = (0.3, 0.6, 0.1)
 
 

@@ -24,11 +24,11 @@ from forecasting.base import Forecaster
 from forecasting.forecast import Forecast
 from forecasting.oracle import OracleForecaster
 from forecasting.pool import HOURLY_POOL, PERIOD_POOL, PoolForecaster
-from forecasting.series import CLASSES, PeriodAggregator
+from forecasting.series import PeriodAggregator
 from forecasting.store import as_us_array, to_us
 from schemas.availability import market_rows
 from schemas.forecast import ClassDemand, DisturbanceForecast, Interval, MarketPrice
-from schemas.protocol import PROTOCOL_V1
+from schemas.protocol import CLASSES, PROTOCOL_V1
 
 KINDS = ("arrivals", "input_p50", "input_p90", "output_p50", "output_p90", "prefix_reuse")
 _Z90 = 1.2816

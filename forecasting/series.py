@@ -20,8 +20,7 @@ import numpy as np
 import polars as pl
 
 from forecasting.store import as_us_array, to_us
-
-CLASSES = ("code", "chat", "batch")
+from schemas.protocol import CLASSES
 
 
 def period_counts(per_minute: pl.DataFrame, requests: pl.DataFrame | None, window_start: datetime,

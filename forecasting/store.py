@@ -21,28 +21,11 @@ Examples
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import numpy as np
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def to_us(t: datetime | np.datetime64 | int) -> int:
-    """Microseconds since the Unix epoch (UTC) of an aware datetime, a numpy datetime64 or an int (passed)."""
-    if isinstance(t, datetime):
-        if t.tzinfo is None:
-            raise ValueError("naive datetime: pass timezone-aware UTC times")
-        delta = t - _EPOCH
-        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-    if isinstance(t, np.datetime64):
-        return int(t.astype("datetime64[us]").astype(np.int64))
-    return int(t)
-
-
-def from_us(us: int) -> datetime:
-    """Aware UTC datetime of microseconds since the epoch."""
-    return datetime.fromtimestamp(us / 1e6, tz=UTC)
+from schemas.timestamps import from_us, to_us
 
 
 def as_us_array(ts: object) -> np.ndarray:

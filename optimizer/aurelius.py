@@ -74,7 +74,6 @@ class WorldModelPort(Protocol):
         ...
 
 
-@register("aurelius")
 class AureliusPolicy(Policy):
     """The optimizer behind the shared policy interface. Constructor args are the config.
 
@@ -316,6 +315,17 @@ def _search_config(mode: str) -> SearchConfig:
     return SearchConfig()
 
 
+#: The aurelius arms and their constructor settings, each registered under its name (optimizer.registry).
+AURELIUS_ARMS: dict[str, dict[str, Any]] = {
+    "aurelius": {"mode": "full"},
+    "aurelius-clock-only": {"mode": "clock-only"},
+    "aurelius-fixed-grid": {"mode": "fixed-grid"},
+    "aurelius-no-deferral": {"mode": "no-deferral"},
+    "aurelius-placement": {"mode": "full", "site_placement": True},
+    "oracle": {"mode": "full", "oracle": True},
+}
+
+
 def _arm(arm: str, **fixed: Any) -> None:
     def factory(**kwargs: Any) -> AureliusPolicy:
         return AureliusPolicy(name=arm, **fixed, **kwargs)
@@ -323,8 +333,5 @@ def _arm(arm: str, **fixed: Any) -> None:
     register(arm)(factory)
 
 
-_arm("aurelius-clock-only", mode="clock-only")
-_arm("aurelius-fixed-grid", mode="fixed-grid")
-_arm("aurelius-no-deferral", mode="no-deferral")
-_arm("aurelius-placement", site_placement=True)
-_arm("oracle", oracle=True)
+for _name, _settings in AURELIUS_ARMS.items():
+    _arm(_name, **_settings)

@@ -23,7 +23,7 @@ import numpy as np
 from optimizer.capacity_milp import SizingPool, size_capacity
 from optimizer.deferral_lp import risk_adjusted_price
 from optimizer.levers import LeverSpace, PoolLevers, plan_key
-from optimizer.sizing import idle_power_w, kv_sequences, replica_power_w, replica_rps
+from optimizer.replica_capacity import idle_power_w, kv_sequences, replica_power_w, replica_rps
 from schemas.cost import CostConfig
 from schemas.fleet import GPUS_PER_NODE, FleetSpec, GpuType
 from schemas.forecast import DisturbanceForecast

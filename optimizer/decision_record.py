@@ -6,41 +6,22 @@ decision re-made after a restart or in a replay keeps its key and the audit log 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from optimizer.audit_grid import AuditResult
 from optimizer.fallback import Decision, Scored
 from optimizer.objective import predicted_delta
 from optimizer.search import SearchResult
+from schemas.audit import decision_id
 from schemas.forecast import DisturbanceForecast, Interval, PredictedOutcome
 from schemas.plan import Plan
+from schemas.timestamps import ts_to_wire
 
 #: Top candidates kept in the record (count).
 TOP_N = 5
-
-
-def wire_ts(at: datetime) -> str:
-    """RFC 3339 UTC with microseconds and a Z (the wire format of schemas/README.md)."""
-    if at.tzinfo is None:
-        raise ValueError(f"naive datetime {at!r}: decision times must be tz-aware (UTC)")
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def decision_id(policy: str, markets: Sequence[str], period_start: datetime) -> str:
-    """Stable id: the first 32 hex chars of sha256("policy|m1,m2|period_start").
-
-    Examples
-    --------
-    >>> from datetime import UTC, datetime
-    >>> decision_id("production", ("PJM",), datetime(2023, 7, 1, tzinfo=UTC))[:12]
-    '50bef902af38'
-    """
-    text = f"{policy}|{','.join(markets)}|{wire_ts(period_start)}"
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def outcome_dict(o: PredictedOutcome) -> dict[str, Any]:
@@ -112,8 +93,8 @@ def build_record(
         "policy": policy,
         "markets": list(markets),
         "period_index": period_index,
-        "period_start": wire_ts(as_of),
-        "as_of": wire_ts(as_of),
+        "period_start": ts_to_wire(as_of),
+        "as_of": ts_to_wire(as_of),
         "inputs": {k: dict(v) for k, v in inputs.items()},
         "forecasts": forecasts_dict(forecasts),
         "candidates_evaluated": search.evaluations if search else 0,

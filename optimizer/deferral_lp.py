@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from optimizer.sizing import replica_power_w, replica_rps
+from optimizer.replica_capacity import replica_power_w, replica_rps
 from optimizer.solver import solve_highs
 from schemas.forecast import DisturbanceForecast, Interval
 from schemas.plan import BatchAdmission, Plan

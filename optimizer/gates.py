@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from optimizer.levers import PrecisionPolicy
 from optimizer.objective import Objective
-from optimizer.sizing import kv_sequences
+from optimizer.replica_capacity import kv_sequences
 from schemas.fleet import SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import Plan

@@ -17,7 +17,9 @@ class ModelName(StrEnum):
     LLAMA_70B = "llama-3.1-70b"
 
 
-CLASS_INDEX: dict[RequestClass, int] = {RequestClass.CODE: 0, RequestClass.CHAT: 1, RequestClass.BATCH: 2}
+#: The class names in index order (CLASS_INDEX): the one list every package iterates.
+CLASSES: tuple[str, ...] = tuple(c.value for c in RequestClass)
+CLASS_INDEX: dict[RequestClass, int] = {c: i for i, c in enumerate(RequestClass)}
 MODEL_INDEX: dict[ModelName, int] = {ModelName.LLAMA_8B: 0, ModelName.LLAMA_70B: 1}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from types import NoneType, UnionType
 from typing import Any, ClassVar, Self, get_args, get_origin, get_type_hints
@@ -20,8 +20,8 @@ import polars as pl
 
 from schemas import SCHEMA_VERSION, SchemaError, validator
 from schemas.protocol import RequestClass
+from schemas.timestamps import ts_from_wire, ts_to_wire
 
-_WIRE_TS = "%Y-%m-%dT%H:%M:%S.%fZ"
 _FRAME_TS = "%Y-%m-%dT%H:%M:%S%.6fZ"
 _PARSE_TS = "%Y-%m-%dT%H:%M:%S%.f%#z"
 
@@ -49,18 +49,6 @@ class FleetEventKind(StrEnum):
     REPLICA_READY = "replica_ready"
     REPLICA_STOPPED = "replica_stopped"
     REPLICA_RECONFIGURED = "replica_reconfigured"
-
-
-def ts_to_wire(at: datetime) -> str:
-    """Format a tz-aware instant as the wire's RFC 3339 UTC string (microseconds, ``Z``)."""
-    if at.tzinfo is None:
-        raise ValueError(f"naive datetime {at!r}: wire timestamps must be tz-aware (UTC)")
-    return at.astimezone(UTC).strftime(_WIRE_TS)
-
-
-def ts_from_wire(text: str) -> datetime:
-    """Parse an RFC 3339 string into a UTC ``datetime``."""
-    return datetime.fromisoformat(text).astimezone(UTC)
 
 
 def _codec(hint: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any], pl.DataType]:

@@ -13,20 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
-
-
-def to_us(at: datetime) -> int:
-    """A tz-aware instant as integer microseconds since the Unix epoch (us)."""
-    return (at - EPOCH) // _US
-
-
-def from_us(us: int) -> datetime:
-    """Integer microseconds since the Unix epoch (us) as a UTC datetime."""
-    return EPOCH + timedelta(microseconds=us)
+from schemas.timestamps import from_us, to_us
 
 
 @dataclass(frozen=True)
@@ -65,6 +54,7 @@ class PeriodClock:
 
     Examples
     --------
+    >>> from datetime import UTC, timedelta
     >>> t0 = datetime(2023, 7, 1, tzinfo=UTC)
     >>> c = PeriodClock(period_s=300, allowed_lateness_s=30, origin=t0)
     >>> c.observe(t0 + timedelta(seconds=330)).closed     # watermark 300 s: period 0 = (0, 300] still open

@@ -8,31 +8,19 @@ the audit sink keeps one row.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 import polars as pl
 
+from schemas.audit import decision_id
 from schemas.policy import History, Observations, Policy, PolicyContext
-from schemas.records import frame_schema, ts_to_wire
+from schemas.records import frame_schema
+from schemas.timestamps import ts_to_wire
 from streams.ingest import IDEMPOTENCY_KEYS
 
 OBSERVED_KINDS = tuple(IDEMPOTENCY_KEYS)
-
-
-def decision_id(policy: str, markets: tuple[str, ...], period_start: datetime) -> str:
-    """Stable id of one decision: sha256 of policy, markets and period start (32 hex chars).
-
-    Examples
-    --------
-    >>> from datetime import UTC
-    >>> decision_id("production", ("PJM",), datetime(2023, 7, 1, tzinfo=UTC))[:12]
-    '50bef902af38'
-    """
-    text = f"{policy}|{','.join(markets)}|{ts_to_wire(period_start)}"
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo
 
 from schemas import SchemaError, availability, load, validate
 from schemas.protocol import PROTOCOL_V1
-from schemas.records import ts_from_wire, ts_to_wire
+from schemas.timestamps import from_us, ts_from_wire, ts_to_wire
 
 #: Units by dimension, as factors to the dimension's base unit.
 UNITS: dict[str, dict[str, float]] = {
@@ -69,7 +69,6 @@ _COMPLETION_PICKED = (
     "replica_id",
 )
 SHAPES = ("prometheus", "otel_span", "gridstatus_lmp")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class FieldMapError(SchemaError):
@@ -366,7 +365,7 @@ def _unix_nano(src: Source, raw: Mapping[str, Any], key: str) -> datetime:
         nanos = int(raw[key])
     except (KeyError, TypeError, ValueError):
         raise src.error(f"field {key!r}: missing or not an integer (ns since epoch)", key) from None
-    return _EPOCH + timedelta(microseconds=nanos // 1000)
+    return from_us(nanos // 1000)
 
 
 def _otlp_value(value: Mapping[str, Any]) -> Any:

@@ -32,9 +32,9 @@ from typing import Any
 
 from schemas import SchemaError, decode, load
 from schemas.dead_letter import DeadLetter
-from schemas.records import ts_from_wire
+from schemas.timestamps import to_us, ts_from_wire
 from schemas.topics import Topics
-from streams.clock import PeriodClock, to_us
+from streams.clock import PeriodClock
 from streams.ingest import IngestBatch, KindRows, WorkerState
 
 SOURCE_HEADER = "aurelius.source"

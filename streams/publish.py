@@ -28,7 +28,8 @@ from typing import Any
 
 import polars as pl
 
-from schemas.records import frame_to_wire, ts_from_wire
+from schemas.records import frame_to_wire
+from schemas.timestamps import ts_from_wire
 from schemas.topics import INPUT_KINDS, Topics, ensure_topics
 from streams.ingest import record_key
 from streams.pipeline import clock_time

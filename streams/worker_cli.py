@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from schemas.protocol import CLASSES
 from schemas.topics import Topics, ensure_topics
 from sinks.audit_store import ParquetAuditStore
 from streams.app import Worker, build_app
@@ -65,7 +66,7 @@ def replay_setup(settings: WorkerSettings, start: datetime | None = None) -> Rep
                         periods=settings.window_periods, period_minutes=settings.period_s / 60.0, seed=settings.seed)
     window_s = (wl.window.end - wl.window.start).total_seconds()
     sla: dict[str, dict[str, float | None]] = {}
-    for cls in ("code", "chat", "batch"):  # as streams.replay.driver gives its policies
+    for cls in CLASSES:  # as streams.replay.driver gives its policies
         sub = wl.requests.filter(pl.col("request_class") == cls).head(1)
         if sub.height:
             sla[cls] = {"ttft_ms": sub["sla_ttft_ms"][0], "tpot_ms": sub["sla_tpot_ms"][0]}

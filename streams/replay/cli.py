@@ -28,10 +28,11 @@ import numpy as np
 import polars as pl
 from tqdm import tqdm
 
-from optimizer.decision_record import decision_id
 from optimizer.registry import create
 from optimizer.wiring import build_policy
+from schemas.audit import decision_id
 from schemas.fleet import default_fleet
+from schemas.protocol import CLASSES
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.metrics import PROVENANCE, per_period, request_outcomes, summarize
 from streams.replay.tuning import lead_in_fleet, tune_static
@@ -300,7 +301,7 @@ def _frames(res: RunResult, key: str) -> tuple[pl.DataFrame, pl.DataFrame, pl.Da
             "policy": res.policy,
             "seed": res.seed,
             "request_id": res.workload.requests["request_id"],
-            "request_class": np.array(["code", "chat", "batch"])[o["cls"]],
+            "request_class": np.array(CLASSES)[o["cls"]],
             "arrival_s": req.arrival,
             "ttft_s": o["ttft_s"],
             "tpot_s": o["tpot_s"],

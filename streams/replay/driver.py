@@ -17,6 +17,7 @@ import polars as pl
 
 from schemas.fleet import FleetSpec
 from schemas.policy import Observations, Policy, PolicyContext
+from schemas.protocol import CLASSES
 from streams.datasets.prices import load_prices
 from streams.workload.builder import Workload
 from streams.workload.history import history_prices
@@ -175,7 +176,7 @@ def _record(run: RunResult, policy: Policy, plan: Any, k: int) -> None:
 def _sla(workload: Workload) -> dict[str, dict[str, float | None]]:
     req = workload.requests
     out: dict[str, dict[str, float | None]] = {}
-    for cls in ("code", "chat", "batch"):
+    for cls in CLASSES:
         sub = req.filter(pl.col("request_class") == cls).head(1)
         if sub.height:
             out[cls] = {"ttft_ms": sub["sla_ttft_ms"][0], "tpot_ms": sub["sla_tpot_ms"][0]}

@@ -27,8 +27,9 @@ from schemas.cost import CostConfig
 from schemas.fleet import default_fleet
 from schemas.plan import Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
+from schemas.protocol import CLASSES
 from streams.replay.driver import RunResult, run_replay
-from streams.replay.metrics import CLASSES, period_costs, request_outcomes
+from streams.replay.metrics import period_costs, request_outcomes
 from streams.replay.validate_cli import RealizedClass, RealizedPeriod
 from streams.workload.builder import build_workload
 

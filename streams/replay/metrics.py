@@ -19,11 +19,11 @@ import numpy as np
 import polars as pl
 
 from schemas.cost import CostConfig, energy_cost_usd, gpu_cost_owned_usd, gpu_cost_rented_usd
+from schemas.protocol import CLASSES
 from streams.replay.driver import RunResult
 from worldmodel.groundtruth.observe import met
-from worldmodel.groundtruth.scaler import TEL_DT
+from worldmodel.groundtruth.state import TEL_DT
 
-CLASSES = ("code", "chat", "batch")
 PROVENANCE = {
     "offered": "trace-derived",
     "completed": "modeled",

@@ -8,9 +8,9 @@ import polars as pl
 from forecasting.bundle import MarketForecaster
 from schemas.forecast import DisturbanceForecast
 from schemas.policy import History, Observations
+from schemas.protocol import CLASSES
 
 START = datetime(2023, 7, 20, 18, tzinfo=UTC)
-CLASSES = ("code", "chat", "batch")
 
 
 def _history() -> History:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
-from optimizer.sizing import replica_rps
+from optimizer.replica_capacity import replica_rps
 from schemas.fleet import FleetSpec, GpuType, NodeGroup, Site
 from schemas.forecast import (
     ClassDemand,

@@ -20,9 +20,9 @@ from opt_fakes import (
 )
 
 from optimizer.aurelius import START_FALLBACK, AureliusPolicy
-from optimizer.decision_record import decision_id
 from optimizer.levers import plan_key
 from optimizer.registry import create, names
+from schemas.audit import decision_id
 
 SCHEMA = fastjsonschema.compile(json.loads(Path("schemas/audit_record.v1.schema.json").read_text()))
 PERIODS = 6

@@ -11,8 +11,8 @@ from opt_fakes import SERVING, TPOT_SLO_S, forecast
 
 from forecasting.bundle import MarketForecaster
 from optimizer.candidates import MOVE_SHARE, GenerationInputs, generate, site_prices
+from optimizer.forecast_adapter import _Residency
 from optimizer.levers import lever_space
-from optimizer.wiring import _Residency
 from schemas.cost import CostConfig
 from schemas.fleet import default_fleet
 from schemas.forecast import Interval, MarketPrice
@@ -116,13 +116,28 @@ def test_placed_plans_keep_only_pinned_work_at_the_pricier_sites():
     assert ercot70.replica_floor == 2 + math.ceil(MOVE_SHARE * (6 - pjm70.replica_floor))  # started at the cheap site
 
 
+PLACED = "@cheap-site"  # the suffix optimizer.candidates._placed gives every placed plan's label
+
+
+def _placed_labels(plans: list[Plan]) -> list[str]:
+    return [p.label for p in plans if p.label.endswith(PLACED)]
+
+
 def test_placed_plans_only_when_asked_and_with_several_sites():
     f = priced(400.0, 20.0, 60.0)
-    assert not any("cheap-site" in p.label for p in generate(replace(inputs(f), site_placement=False)))
+    asked = generate(inputs(f))
+    assert "reference@cheap-site" in _placed_labels(asked)  # asked, three sites: placed plans come out
+    plain = generate(replace(inputs(f), site_placement=False))
+    assert plain and _placed_labels(plain) == []
+    # the same candidates, unplaced: every placed label is an unplaced plan's label plus the suffix
+    assert {lbl.removesuffix(PLACED) for lbl in _placed_labels(asked)} <= {p.label for p in plain}
 
 
 def test_one_site_gets_no_placed_plans():
     f = forecast()
     ref = plan_at("site-pjm")
     inp = replace(inputs(f), reference=ref, previous=ref, space=lever_space(FLEET3, ref.pools, clock_levels=1))
-    assert not any("cheap-sites" in p.label for p in generate(inp))
+    assert inp.site_placement  # placement asked for: only the single site rules it out
+    plans = generate(inp)
+    assert plans and _placed_labels(plans) == []
+    assert all({p.site for p in plan.pools} == {"site-pjm"} for plan in plans)

@@ -11,16 +11,11 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
-from optimizer.aurelius import AureliusPolicy
+from optimizer.aurelius import AURELIUS_ARMS, AureliusPolicy
+from optimizer.forecast_adapter import ForecastingProvider, OracleForecastProvider, realized_series
 from optimizer.registry import create
-from optimizer.wiring import (
-    AURELIUS_ARMS,
-    ForecastingProvider,
-    OracleForecastProvider,
-    WorldStateModel,
-    build_policy,
-    realized_series,
-)
+from optimizer.wiring import build_policy
+from optimizer.world_adapter import WorldStateModel
 from schemas.fleet import default_fleet
 from schemas.policy import Observations
 from streams.replay.driver import run_replay

@@ -27,7 +27,6 @@ from worldmodel.physics import node_overhead_w, step_coefficients
 MARKET = "PJM"
 PERIOD_S = 300.0
 SITE = "site-pjm"
-CLASSES = ("code", "chat", "batch")
 SLA = {"code": (1000.0, 50.0), "chat": (2000.0, 100.0), "batch": (None, None)}
 MODEL = {"code": "llama-3.1-8b", "chat": "llama-3.1-70b", "batch": "llama-3.1-70b"}
 
@@ -252,10 +251,24 @@ def test_cost_positive_on_negative_price_window() -> None:
     assert s["cost_usd"] > 0 and s["cost_usd_owned"] > 0
     assert s["cost_usd"] == pytest.approx(s["gpu_cost_usd"] + s["energy_cost_usd"])
     assert s["gp_per_dollar"] == pytest.approx(s["sla_met"] / s["cost_usd"])
-    # energy cost = IT energy x PUE x the hour's price
-    price = float(prices.sort("interval_start")["lmp_usd_mwh"][0])
-    if run.end_s <= 3600.0:
-        assert s["energy_cost_usd"] == pytest.approx(s["energy_mwh"] * price, rel=1e-9)
+    # energy cost, written out: each 10 s site row (ending at site_t) draws IT power x PUE 1.3 for 10 s, priced at
+    # the $/MWh of the UTC hour it falls in (the window starts on the hour); negative hours credit it
+    assert run.end_s > 3600.0  # the drain reaches a second hour: more than one price applies
+    hour_price = dict(zip(prices["interval_start"].to_list(), prices["lmp_usd_mwh"].to_list(), strict=True))
+    assert len(hour_price) == prices.height >= 2
+    logs = run.runtime.logs
+    n = int(logs.n_site[0])
+    row_mwh = logs.site_it_w[:n] * 1.3 * 10.0 / 3.6e9  # W x PUE x s -> MWh
+    row_hour = [start + timedelta(hours=int((t - 5.0) // 3600.0)) for t in logs.site_t[:n]]
+    row_price = np.array([hour_price[h] for h in row_hour])
+    assert (row_price < 0).all() and len(set(row_hour)) >= 2
+    assert s["energy_mwh"] == pytest.approx(float(row_mwh.sum()), rel=1e-9)
+    expected_usd = float((row_mwh * row_price).sum())
+    assert expected_usd < 0
+    assert s["energy_cost_usd"] == pytest.approx(expected_usd, rel=1e-9)
+    # GPU rent, written out: $2.50 per H100-hour, $1.50 per A100-hour (schemas/cost.py defaults)
+    by_type = s["gpu_hours_by_type"]
+    assert s["gpu_cost_usd"] == pytest.approx(2.50 * by_type.get("H100", 0.0) + 1.50 * by_type.get("A100", 0.0))
 
 
 # --- SLA accounting by hand -----------------------------------------------------------------------------

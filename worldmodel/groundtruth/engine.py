@@ -40,6 +40,7 @@ from worldmodel.groundtruth.state import (
     S_RELEASE_MARGIN,
     S_ROUTING,
     S_RR,
+    TEL_DT,
     WARM,
     Hardware,
     Logs,
@@ -49,7 +50,6 @@ from worldmodel.groundtruth.state import (
     Requests,
 )
 
-TEL_DT = 10.0
 AS_DT = 15.0
 MIN_PREFIX_BLOCKS = 1
 

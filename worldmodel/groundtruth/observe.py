@@ -11,11 +11,12 @@ import numpy as np
 import polars as pl
 
 from schemas.fleet import GPUS_PER_NODE, PRECISION_INDEX
+from schemas.protocol import CLASSES
 
 _UTC = pl.Datetime("us", "UTC")
 _EVENT_KINDS = ("replica_started", "replica_ready", "replica_stopped", "replica_reconfigured")
 _PRECISIONS = {v: str(k) for k, v in PRECISION_INDEX.items()}
-_CLASSES = np.array(["code", "chat", "batch"])
+_CLASSES = np.array(CLASSES)
 
 
 def _ts(start: datetime, seconds: np.ndarray) -> pl.Series:

@@ -10,13 +10,14 @@ import polars as pl
 
 from schemas.fleet import DEFAULT_TP, GPU_INDEX, GPUS_PER_NODE, PRECISION_INDEX, SM_CLOCK_RANGE_MHZ, GpuType, Site
 from schemas.plan import BatchAdmission, Ordering, Plan, Routing
+from schemas.protocol import CLASSES
 from worldmodel.groundtruth import state as st
-from worldmodel.groundtruth.engine import TEL_DT, empty_heap, run_until
+from worldmodel.groundtruth.engine import empty_heap, run_until
 from worldmodel.groundtruth.reconfigure import reload_replica
+from worldmodel.groundtruth.state import TEL_DT
 from worldmodel.physics import node_overhead_w, step_coefficients
 
 MODELS = ("llama-3.1-8b", "llama-3.1-70b")
-CLASSES = ("code", "chat", "batch")
 _ROUTING = {
     Routing.PREFIX_LOAD: st.RT_PREFIX_LOAD,
     Routing.LEAST_LOAD: st.RT_LEAST_LOAD,

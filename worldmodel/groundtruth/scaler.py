@@ -30,6 +30,7 @@ from worldmodel.groundtruth.state import (
     S_N_SITES,
     S_NODE_OVERHEAD_A100,
     S_NODE_OVERHEAD_H100,
+    TEL_DT,
     WARM,
     Hardware,
     Logs,
@@ -39,7 +40,6 @@ from worldmodel.groundtruth.state import (
     Requests,
 )
 
-TEL_DT = 10.0
 STABILIZATION_TICKS = 20  # 300 s of 15 s ticks
 TOLERANCE = 0.1
 WAITING_PER_REPLICA = 5.0  # KEDA threshold on vllm:num_requests_waiting (REFERENCES.md)

@@ -12,6 +12,8 @@ import numpy as np
 
 from worldmodel.physics import COEFF_FIELDS
 
+#: Telemetry sample and power-accounting step (s): the engine samples every TEL_DT, the scaler averages over it.
+TEL_DT = 10.0
 MAX_BATCH = 512  # hard cap on sequences per replica (array width)
 CACHE_SLOTS = 2048  # direct-mapped prefix-cache slots per replica (512-token blocks)
 # Coefficient columns, in worldmodel.physics.COEFF_FIELDS order (StepCoefficients.as_array()).
