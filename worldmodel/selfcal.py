@@ -2,7 +2,8 @@
 
 Residuals are log(observed / predicted) of decode step time (TPOT), prefill time (low-queue TTFT) and GPU
 power, per (quantity, GPU type, node, model), with the prediction taken from the *uncorrected* roofline so
-the residual measures the whole model error. Each key keeps:
+the residual measures the whole model error. Each key keeps (estimators in worldmodel/estimators.py, the
+detector in worldmodel/drift.py):
 
 - a fast exponentially weighted mean (the online correction: factor = exp(mean)), mergeable across nodes
   like river's statistics, so node tracks combine into the (gpu, model) factor the forward model uses;
@@ -24,6 +25,8 @@ from enum import StrEnum
 
 import polars as pl
 
+from worldmodel.drift import Alarm, Cusum
+from worldmodel.estimators import EwmaStat, TailShape
 from worldmodel.servingmodel import Corrections
 
 ANY = "*"
@@ -51,99 +54,12 @@ def split_model_key(key: str) -> tuple[str, ...]:
     return tuple(key.split(PRECISION_SEP, 1)) if PRECISION_SEP in key else (key,)
 
 
-@dataclass
-class TailShape:
-    """EWMA over periods of per-request TPOT / replica-median TPOT quantiles of one class.
-
-    levels : quantile levels (0-1); alpha : weight of the newest period (0-1); ratios : current estimate
-    (ratio, non-decreasing); n : periods learned (count).
-    """
-
-    levels: tuple[float, ...]
-    alpha: float
-    ratios: list[float] = field(default_factory=list)
-    n: int = 0
-
-    def update(self, ratios: tuple[float, ...]) -> None:
-        a = max(self.alpha, 1.0 / (self.n + 1.0))
-        new = [max(float(r), 0.0) for r in ratios]
-        self.ratios = new if not self.ratios else [(1 - a) * o + a * x for o, x in zip(self.ratios, new, strict=True)]
-        for i in range(1, len(self.ratios)):  # keep quantiles ordered
-            self.ratios[i] = max(self.ratios[i], self.ratios[i - 1])
-        self.n += 1
-
-    def table(self) -> tuple[tuple[float, float], ...]:
-        return tuple(zip(self.levels, self.ratios, strict=True))
-
-
 class Quantity(StrEnum):
     DECODE = "decode"
     PREFILL = "prefill"
     POWER = "power"
     SLA = "sla"
     TPOT_TAIL = "tpot_tail"  # learned tail shape rows of calibration_state (not a residual)
-
-
-@dataclass
-class EwmaStat:
-    """Exponentially weighted mean and variance that merge (``+=``), river-style: ``update`` returns self.
-
-    Parameters
-    ----------
-    alpha : weight of the newest sample (0-1); the effective sample size saturates at 1 / alpha.
-    """
-
-    alpha: float
-    n: float = 0.0
-    mean: float = 0.0
-    var: float = 0.0
-
-    def update(self, x: float) -> EwmaStat:
-        a = max(self.alpha, 1.0 / (self.n + 1.0))  # plain running mean until 1/alpha samples
-        d = x - self.mean
-        self.mean += a * d
-        self.var = (1.0 - a) * (self.var + a * d * d)
-        self.n = min(self.n + 1.0, 1.0 / self.alpha)
-        return self
-
-    def __iadd__(self, other: EwmaStat) -> EwmaStat:
-        n = self.n + other.n
-        if n <= 0.0:
-            return self
-        d = other.mean - self.mean
-        mean = self.mean + d * other.n / n
-        self.var = (self.n * self.var + other.n * other.var + d * d * self.n * other.n / n) / n
-        self.mean, self.n = mean, n
-        return self
-
-    def get(self) -> float:
-        return self.mean
-
-
-@dataclass
-class Cusum:
-    """Two-sided CUSUM on standardized residuals. ``update(z)`` returns +1/-1 on an up/down alarm, else 0.
-
-    Parameters
-    ----------
-    k : reference value (in standard deviations; half the shift to detect fastest).
-    h : decision interval (standard deviations).
-    """
-
-    k: float = 0.5
-    h: float = 10.0
-    pos: float = 0.0
-    neg: float = 0.0
-    alarms: int = 0
-
-    def update(self, z: float) -> int:
-        self.pos = max(0.0, self.pos + z - self.k)
-        self.neg = max(0.0, self.neg - z - self.k)
-        fired = 1 if self.pos > self.h else -1 if self.neg > self.h else 0
-        if fired:
-            self.alarms += 1
-            self.pos = self.neg = 0.0
-        return fired
 
 
 @dataclass
@@ -157,17 +73,6 @@ class Track:
     band: float = 0.0
     band_left: int = 0
     last_alarm_at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class Alarm:
-    """A CUSUM alarm: key, direction (+1 slower/higher, -1 faster/lower), shift (log units), time, samples."""
-
-    key: tuple[str, str, str, str]
-    direction: int
-    shift: float
-    at: datetime
-    samples: int
 
 
 @dataclass

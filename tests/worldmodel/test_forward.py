@@ -10,6 +10,8 @@ from schemas.cost import CostConfig
 from schemas.forecast import ClassDemand, DisturbanceForecast, Interval
 from schemas.plan import BatchAdmission, Ordering, Plan, PoolPlan
 from worldmodel.forward import ForwardModel
+from worldmodel.placement import place
+from worldmodel.queueing import Pool
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import snapshot
 from worldmodel.state import WorldState
@@ -256,16 +258,15 @@ def test_lowering_the_floor_in_force_releases_the_replicas_it_held(world, fm):
 
 def test_several_sites_grow_by_their_share_one_site_in_plan_order():
     """One autoscaler per site: growth follows the replicas each site holds; at one site the plan's order."""
-    from worldmodel.forward import _Pool
 
     def pools(*sites):  # noqa: ANN002, ANN202
-        return [_Pool(PoolPlan(s, "llama-3.1-8b", "H100", 0, 64, 1, "bf16", 256, 1980), None, n, 0, 0.0, (), 0.0)
+        return [Pool(PoolPlan(s, "llama-3.1-8b", "H100", 0, 64, 1, "bf16", 256, 1980), None, n, 0, 0.0, (), 0.0)
                 for s, n in zip(sites, (4, 2), strict=True)]
 
     plan = Plan(pools=(), autoscale=True, autoscale_target=0.8)
     lam = 9.6  # 12 replicas at 1 req/s each and the 80% target
-    assert ForwardModel._place(plan, pools("site-pjm", "site-ercot"), [1.0, 1.0], lam, {}) == [8.0, 4.0]
-    assert ForwardModel._place(plan, pools("site-pjm", "site-pjm"), [1.0, 1.0], lam, {}) == [10.0, 2.0]
+    assert place(plan, pools("site-pjm", "site-ercot"), [1.0, 1.0], lam, {}) == [8.0, 4.0]
+    assert place(plan, pools("site-pjm", "site-pjm"), [1.0, 1.0], lam, {}) == [10.0, 2.0]
 
 
 def test_a_throttled_clock_draws_less_power_a_lower_plan_clock_is_untouched(world, fm):

@@ -8,7 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from worldmodel.selfcal import TAIL_LEVELS, Cusum, EwmaStat, Quantity, SelfCalibrator, model_key
+from worldmodel.drift import Cusum
+from worldmodel.estimators import EwmaStat
+from worldmodel.selfcal import TAIL_LEVELS, Quantity, SelfCalibrator, model_key
 from worldmodel.servingmodel import Corrections, PoolConfig, ServingModel
 from worldmodel.snapshot import snapshot
 from worldmodel.state import WorldState

@@ -1,0 +1,92 @@
+"""Replicas per pool over a control period (step 1 of worldmodel/forward.py): the count the runtime's autoscaler
+places within the plan's floors and ceilings and the GPUs of the inventory, and how many of them serve while
+new replicas and reloads load."""
+
+from __future__ import annotations
+
+import math
+
+from schemas.fleet import default_fleet
+from schemas.plan import Plan
+from worldmodel.queueing import Pool
+
+
+def place(
+    plan: Plan, pools: list[Pool], mus: list[float], lam: float, free: dict[tuple[str, str], float],
+    util_s: float = 0.0,
+) -> list[float]:
+    """Replicas per pool of one model, as the runtime's autoscaler places them (count).
+
+    The model's desired count is what keeps the replicas at the autoscale target (by throughput, and by the
+    runtime's own metric: batch slots held plus prefill share, `util_s` per request), clamped to the plan's
+    summed floor and ceiling. Scale-up is immediate; scale-down waits out the 300 s stabilization window,
+    which spans the period, so existing replicas are kept, except those only the in-force plan's floor held
+    (`snapshot.floors`) that this plan's floor lets go: the autoscaler's history of desired counts is taken
+    before the floor clamp, so it releases them at once unless its own count needs them. Tried and measured
+    worse: a half-period decay; scaling down to what the telemetry's running sequences per batch slot ask
+    for (it misses the prefill share of the runtime's metric and predicted the reference's 8B pool to
+    collapse to one replica); the same plus the GPU busy share (always 1.0 on a decoding 70B pool). The count
+    is split floors first, then existing replicas, then growth in the plan's pool order, each pool
+    within its ceiling and the GPUs left of its type (the inventory). With several sites each site's
+    autoscaler grows by its share of the load (the router spreads work by serving capacity): growth is split
+    over the sites in proportion to the replicas they hold, what a site's ceilings refuse going to the rest.
+
+    `mus`: a replica's throughput per pool (req/s); `lam`: the model's arrivals (req/s); `free`: GPUs left per
+    (site, gpu type) (count), drawn down by what is placed.
+    """
+    floors = [p.plan.replica_floor for p in pools]
+    if plan.autoscale:
+        mu_pref = mus[0] if mus else 0.0
+        need = math.ceil(lam * max(1.0 / max(mu_pref, 1e-12), util_s) / plan.autoscale_target) if lam > 0 else 0
+        desired = float(max(need, sum(p.current - p.released for p in pools)))
+        desired = min(max(desired, sum(floors)), sum(p.plan.replica_ceiling for p in pools))
+    else:
+        desired = float(sum(floors))
+    counts = [0.0] * len(pools)
+
+    def grow(k: int, upto: float) -> None:
+        nonlocal desired
+        p = pools[k].plan
+        room = free.get((p.site, p.gpu), math.inf) // max(p.tp, 1)  # a site not in the inventory: unbounded
+        add = max(min(upto - counts[k], room, desired), 0.0)
+        counts[k] += add
+        desired -= add
+        free[(p.site, p.gpu)] = free.get((p.site, p.gpu), math.inf) - add * p.tp
+
+    for k in range(len(pools)):
+        grow(k, floors[k])
+    for k, p in enumerate(pools):
+        kept = max(p.current - p.released, floors[k])
+        grow(k, min(p.plan.replica_ceiling, kept) if plan.autoscale else floors[k])
+    if plan.autoscale:
+        sites = list(dict.fromkeys(p.plan.site for p in pools))
+        if len(sites) > 1:  # one autoscaler per site: each grows by its share of the load, so growth
+            # follows the sites' present counts (equal when none has any); a site at its ceilings
+            # leaves its share to the others (the router sends them what it cannot take)
+            have = {s: sum(counts[k] for k, p in enumerate(pools) if p.plan.site == s) for s in sites}
+            total = sum(have.values())
+            growth = desired
+            for s in sites:
+                add = math.ceil(growth * (have[s] / total if total > 0 else 1.0 / len(sites)) - 1e-9)
+                for k, p in enumerate(pools):
+                    if p.plan.site == s and add > 0:
+                        before = counts[k]
+                        grow(k, min(p.plan.replica_ceiling, counts[k] + add))
+                        add -= counts[k] - before
+        for k, p in enumerate(pools):
+            grow(k, p.plan.replica_ceiling)
+    return counts
+
+
+def serving_replicas(p: Pool, n: float, T: float) -> float:
+    """Replicas of a pool serving on average over the period (count): n less the replica-seconds spent loading
+    (new replicas, loads in flight, precision reloads) / T (s)."""
+    starting = max(n - p.current, 0)
+    lost = starting * min(p.load_s + 15.0, T) + sum(min(x, T) for x in p.loading_left_s)
+    lost += min(p.reloads, n) * min(p.load_s, T)
+    return max(n - lost / T, 0.0)
+
+
+def default_inventory() -> dict[tuple[str, str], int]:
+    """GPUs per (site, gpu type) of the operator's default fleet (count)."""
+    return {(s.name, str(g.gpu)): s.gpus(g.gpu) for s in default_fleet().sites for g in s.groups}
