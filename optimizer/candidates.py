@@ -28,7 +28,7 @@ from schemas.cost import CostConfig
 from schemas.fleet import GPUS_PER_NODE, FleetSpec, GpuType
 from schemas.forecast import DisturbanceForecast
 from schemas.plan import BatchAdmission, Plan, PoolPlan
-from worldmodel.forward import market_price
+from worldmodel.period_cost import market_price
 from worldmodel.servingmodel import ServingModel
 
 _COST = CostConfig()

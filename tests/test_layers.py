@@ -46,3 +46,17 @@ def test_an_import_against_the_order_is_reported(tmp_path, module, line, contrac
     assert res.returncode != 0
     broken = [s for s in res.stdout.split("\n\n") if "BROKEN" in s or "broken" in s]
     assert any(contract in s for s in broken), res.stdout
+
+
+def test_every_planner_module_of_worldmodel_is_named_in_the_ground_truth_contracts():
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    planner = {
+        f"worldmodel.{p.stem}" for p in (ROOT / "worldmodel").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())
+    } - {"worldmodel.groundtruth", "worldmodel.physics"}
+    forbidden = [c for c in contracts if c["type"] == "forbidden"]
+    assert len(forbidden) == 2
+    assert planner <= set(forbidden[0]["source_modules"])  # the planner never imports the ground truth
+    assert planner <= set(forbidden[1]["forbidden_modules"])  # the ground truth never imports the planner

@@ -40,14 +40,11 @@ from schemas.plan import Plan
 from schemas.protocol import PROTOCOL_V1, Protocol
 from worldmodel.demand import model_load, scenario_rate
 from worldmodel.outcomes import Scenario, class_outcome
-from worldmodel.period_cost import account_period, default_site_markets, market_price
+from worldmodel.period_cost import account_period, default_site_markets
 from worldmodel.placement import default_inventory, place, serving_replicas
 from worldmodel.queueing import Load, Pool, PoolResult, mu_replica, pool_static, serve_pool, util_per_request
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import FleetSnapshot
-
-#: `market_price` is imported from here by optimizer/candidates.py until it imports worldmodel.period_cost.
-__all__ = ["ForwardModel", "market_price"]
 
 _SCENARIOS = ("point", "lo80", "hi80", "hi95")
 
