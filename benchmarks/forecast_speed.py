@@ -74,7 +74,7 @@ def main() -> None:
     per = []
     for o in obs:
         t = time.perf_counter()
-        mf.observe(o)
+        mf.update(o)
         out = mf.forecast(o.as_of)
         per.append(time.perf_counter() - t)
     ms = np.array(per) * 1e3

@@ -46,7 +46,7 @@ def main() -> None:
             )
         )
     arr = syn.arrivals(t0, 3000, rate_per_s=30.0)
-    ws.ingest(
+    ws.update(
         {
             "fleet_event": pl.concat(fleet),
             "gpu_telemetry": syn.telemetry(t0, 128 * 60, hosts=16),

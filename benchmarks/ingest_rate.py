@@ -33,7 +33,7 @@ def main() -> None:
         for label in ("insert", "replay"):
             start = time.perf_counter()
             for i, frame in enumerate(batches):
-                ws.ingest({"gpu_telemetry": frame}, {("aurelius.telemetry", 0): (i + 1) * args.batch})
+                ws.update({"gpu_telemetry": frame}, {("aurelius.telemetry", 0): (i + 1) * args.batch})
             dt = time.perf_counter() - start
             n = len(batches) * args.batch
             print(

@@ -59,12 +59,12 @@ class Forecaster(ABC):
         event_at : start of the interval it describes (UTC).
         arrived_at : when it reached us (UTC): publication for prices, completion for output lengths.
         """
-        self.__store.add(float(y), to_us(event_at), to_us(arrived_at))
+        self.__store.update(float(y), to_us(event_at), to_us(arrived_at))
         return self
 
     def update_many(self, y: Any, event_at: Any, arrived_at: Any) -> Self:
         """Store a micro-batch (arrays or polars series; datetimes, datetime64 or us). Not modified."""
-        self.__store.add_many(np.asarray(y, dtype=float), as_us_array(event_at), as_us_array(arrived_at))
+        self.__store.update_many(np.asarray(y, dtype=float), as_us_array(event_at), as_us_array(arrived_at))
         return self
 
     def forecast(self, horizon: int, as_of: datetime) -> Forecast:

@@ -3,7 +3,7 @@
     mf = MarketForecaster("PJM", period_s=300.0, horizon_periods=12)
     mf.start(history, as_of=window_start)        # 7-day aggregates (schemas.policy.History)
     each period:
-        mf.observe(obs)                          # schemas.policy.Observations of (previous close, as_of]
+        mf.update(obs)                          # schemas.policy.Observations of (previous close, as_of]
         periods = mf.forecast(obs.as_of)         # tuple[DisturbanceForecast, ...], one per coming period
         raw = mf.last_forecasts                  # dict series -> Forecast (intervals per step), for audit
 
@@ -61,7 +61,7 @@ def price_forecaster(seed: int = 0) -> PoolForecaster:
 
 
 class MarketForecaster:
-    """All disturbance forecasts of one market, behind two calls per period (`observe`, `forecast`).
+    """All disturbance forecasts of one market, behind two calls per period (`update`, `forecast`).
 
     Parameters
     ----------
@@ -133,10 +133,10 @@ class MarketForecaster:
             arrived = rows["arrived_at"] if "arrived_at" in rows.columns else rows["published_at"]
             self._series[name].update_many(rows["lmp_usd_mwh"].to_numpy(), rows["interval_start"], arrived)
 
-    def observe(self, obs: Any) -> MarketForecaster:
+    def update(self, obs: Any) -> MarketForecaster:
         """Ingest one period's `schemas.policy.Observations` (arrivals, completions, prices as published)."""
-        self._agg.add_arrivals(obs.arrivals)
-        self._agg.add_completions(obs.completions)
+        self._agg.update_arrivals(obs.arrivals)
+        self._agg.update_completions(obs.completions)
         for name, y, ev, arr in self._agg.close(to_us(obs.as_of)):
             self._series[name].update_many([y], [ev], [arr])
         self._add_prices(obs.prices)

@@ -74,7 +74,7 @@ class PeriodAggregator:
         per = (pl.col("event_at").dt.epoch("us") // self.period_us).alias("period")
         return df.with_columns(per).group_by(["period", "request_class"]).agg(pl.len().alias("n"), pl.col(col))
 
-    def add_arrivals(self, df: pl.DataFrame) -> None:
+    def update_arrivals(self, df: pl.DataFrame) -> None:
         """Arrival records (event_at, request_class, input_tokens, prefix_block_ids)."""
         if not len(df):
             return
@@ -105,7 +105,7 @@ class PeriodAggregator:
             self._reuse[(period, c)][0] += h
             self._reuse[(period, c)][1] += n
 
-    def add_completions(self, df: pl.DataFrame) -> None:
+    def update_completions(self, df: pl.DataFrame) -> None:
         """Completion records (event_at = completion, request_class, output_tokens)."""
         if not len(df):
             return

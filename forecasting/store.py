@@ -12,8 +12,8 @@ Examples
 >>> from datetime import datetime, timezone
 >>> s = AsOfStore(step_s=3600.0)
 >>> t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
->>> _ = s.add(10.0, to_us(t0), to_us(t0) + 3_600_000_000)
->>> _ = s.add(11.0, to_us(t0) + 3_600_000_000, to_us(t0) + 7_200_000_000)
+>>> _ = s.update(10.0, to_us(t0), to_us(t0) + 3_600_000_000)
+>>> _ = s.update(11.0, to_us(t0) + 3_600_000_000, to_us(t0) + 7_200_000_000)
 >>> s.view(to_us(t0) + 3_600_000_000).values.tolist()
 [10.0]
 """
@@ -99,11 +99,11 @@ class AsOfStore:
     def __len__(self) -> int:
         return sum(len(c[0]) for c in self._chunks)
 
-    def add(self, y: float, event_us: int, arrived_us: int) -> AsOfStore:
+    def update(self, y: float, event_us: int, arrived_us: int) -> AsOfStore:
         """Store one observation (value, event and arrival time in microseconds)."""
-        return self.add_many(np.array([y], float), np.array([event_us]), np.array([arrived_us]))
+        return self.update_many(np.array([y], float), np.array([event_us]), np.array([arrived_us]))
 
-    def add_many(self, y: np.ndarray, event_us: np.ndarray, arrived_us: np.ndarray) -> AsOfStore:
+    def update_many(self, y: np.ndarray, event_us: np.ndarray, arrived_us: np.ndarray) -> AsOfStore:
         """Store a micro-batch; the inputs are copied, never modified."""
         y = np.array(y, dtype=float, copy=True)
         idx = np.asarray(event_us, dtype=np.int64) // self.step_us

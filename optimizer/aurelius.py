@@ -154,7 +154,7 @@ class AureliusPolicy(Policy):
             raise ValueError(f"{self.name}: inject forecast_provider and world_model (optimizer.aurelius)")
         self._ctx = ctx
         self._observed = ObservedState()
-        self._observed.add_prices(history.prices, ctx.markets[0])
+        self._observed.update_prices(history.prices, ctx.markets[0])
         ref = self.reference_policy or create(self.reference)
         self.reference_policy = ref
         ref_plan = ref.start(ctx, history)
@@ -170,8 +170,8 @@ class AureliusPolicy(Policy):
     def plan(self, obs: Observations) -> Plan:
         t0, c0 = time.perf_counter(), time.process_time()
         assert self._ctx is not None and self.reference_policy is not None, "start() first"
-        self._observed.add_prices(obs.prices, self._ctx.markets[0])
-        self._observed.add_arrivals(obs.arrivals)
+        self._observed.update_prices(obs.prices, self._ctx.markets[0])
+        self._observed.update_arrivals(obs.arrivals)
         assert self.forecast_provider is not None and self.world_model is not None
         self.forecast_provider.update(obs)
         self.world_model.update(obs)

@@ -132,7 +132,7 @@ class ForecastingProvider:
 
     def update(self, obs: Observations) -> None:
         assert self.mf is not None, "start() first"
-        self.mf.observe(obs)
+        self.mf.update(obs)
         self.backlog.update(obs)
         if len(self.mf.other_markets):  # residency is a choice only with several sites
             self.residency.update(obs)

@@ -31,7 +31,7 @@ class ObservedState:
     deadline_slack_s: list[float] = field(default_factory=list)
     tpot_slo_s: dict[str, float] = field(default_factory=dict)
 
-    def add_prices(self, frame: pl.DataFrame, market: str) -> None:
+    def update_prices(self, frame: pl.DataFrame, market: str) -> None:
         """Add `market`'s price records (interval_start, lmp_usd_mwh); a later record of the same hour replaces
         it. The regime reads the first market's price (the window's); other sites' prices reach the planner
         through the forecast."""
@@ -40,7 +40,7 @@ class ObservedState:
         for at, v in market_rows(frame, market).select("interval_start", "lmp_usd_mwh").iter_rows():
             self.prices[at] = float(v)
 
-    def add_arrivals(self, frame: pl.DataFrame) -> None:
+    def update_arrivals(self, frame: pl.DataFrame) -> None:
         """Learn tenants, allowed regions, deferrable deadline slack and TPOT SLOs from request arrivals."""
         if frame.height == 0:
             return

@@ -88,7 +88,7 @@ class WorldStateModel:
         self._observed_fleet = False
         self._snap = None
         if history.prices.height:
-            self.state.ingest({"price": history.prices})
+            self.state.update({"price": history.prices})
 
     def update(self, obs: Observations) -> None:
         assert self.state is not None and self._last is not None, "start() first"
@@ -101,7 +101,7 @@ class WorldStateModel:
                 batch[kind] = frame
         if "fleet_event" in batch:
             self._observed_fleet = True
-        self.state.ingest(batch, ingested_at=obs.as_of)
+        self.state.update(batch, ingested_at=obs.as_of)
         self._snap = None
         start, end = self._last, obs.as_of
         self.state.aggregate_period(start, end)

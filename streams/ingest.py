@@ -220,7 +220,7 @@ class DuckDBIngestor:
                 kv["max_event_at"] = st.max_event_at.isoformat()
             con.executemany("INSERT OR REPLACE INTO worker_state VALUES (?, ?)", list(kv.items()))
 
-        self.world.ingest(frames, {tp: o + 1 for tp, o in batch.state.positions.items()}, extra=ledger)
+        self.world.update(frames, {tp: o + 1 for tp, o in batch.state.positions.items()}, extra=ledger)
         self.duplicates += batch.size - new
         return new
 

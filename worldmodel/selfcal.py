@@ -113,7 +113,7 @@ class SelfCalibrator:
             self.tracks[key] = t
         return t
 
-    def observe(
+    def update(
         self,
         quantity: Quantity | str,
         gpu: str,
@@ -162,7 +162,7 @@ class SelfCalibrator:
         t.base = replace(t.base, mean=t.fast.mean)  # re-baseline at the new level, keep the noise estimate
         return z, alarm
 
-    def observe_frame(self, residuals: pl.DataFrame, at: datetime) -> tuple[pl.DataFrame, list[Alarm]]:
+    def update_frame(self, residuals: pl.DataFrame, at: datetime) -> tuple[pl.DataFrame, list[Alarm]]:
         """Learn from a residual frame (quantity, gpu_type, node, model, predicted, observed).
 
         Returns
@@ -171,7 +171,7 @@ class SelfCalibrator:
         """
         alarms, zs = [], []
         for row in residuals.iter_rows(named=True):
-            z, alarm = self.observe(
+            z, alarm = self.update(
                 row["quantity"],
                 row["gpu_type"],
                 row["node"],
@@ -223,7 +223,7 @@ class SelfCalibrator:
             tpot_tail=tails,
         )
 
-    def observe_tail(
+    def update_tail(
         self, request_class: str, levels: tuple[float, ...], ratios: tuple[float, ...], count: int
     ) -> None:
         """Learn one period's per-request TPOT / replica-median TPOT quantiles of a class (ratios at `levels`,

@@ -255,7 +255,7 @@ def _learn(
     ws: WorldState, obs: Observations, cal: SelfCalibrator, sm: ServingModel, start: datetime, end: datetime
 ) -> None:
     """Ingest one period's observations into `ws` and self-calibrate `cal` from them."""
-    ws.ingest(
+    ws.update(
         {
             "request_arrival": obs.arrivals,
             "request_completion": obs.completions,

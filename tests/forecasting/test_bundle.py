@@ -42,7 +42,7 @@ def _observations(as_of: datetime) -> Observations:
 def test_facade_returns_k_periods_with_published_prices_flagged():
     mf = MarketForecaster("ERCOT", horizon_periods=6).start(_history(), START)
     as_of = START + timedelta(minutes=5)
-    out = mf.observe(_observations(as_of)).forecast(as_of)
+    out = mf.update(_observations(as_of)).forecast(as_of)
     assert len(out) == 6 and all(isinstance(d, DisturbanceForecast) for d in out)
     assert out[0].period_start == as_of and out[1].period_start == as_of + timedelta(minutes=5)
     assert all(d.price_published for d in out)  # published day-ahead: exact, zero width

@@ -65,7 +65,7 @@ def world():
         ]
     )
     arr = syn.arrivals(T0, 500, rate_per_s=10.0)
-    ws.ingest(
+    ws.update(
         {
             "fleet_event": fleet,
             "gpu_telemetry": syn.telemetry(T0, 64 * 60, hosts=8),

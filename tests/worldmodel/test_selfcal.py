@@ -34,7 +34,7 @@ def _stream(cal, rng, n, scale, start=0):
     alarms = []
     for i in range(n):
         obs = 0.02 * scale * math.exp(rng.normal(0.0, NOISE))
-        _, alarm = cal.observe(
+        _, alarm = cal.update(
             Quantity.DECODE, "H100", "node-001", "llama-3.1-70b", 0.02, obs, T0 + timedelta(seconds=start + i)
         )
         if alarm:
@@ -101,7 +101,7 @@ def test_ewma_stats_merge_like_pooled():
 def test_residuals_and_state_round_trip():
     ws = WorldState.open(":memory:")
     arr = syn.arrivals(T0, 300, rate_per_s=2.0)
-    ws.ingest(
+    ws.update(
         {
             "request_arrival": arr,
             "request_completion": syn.completions(arr, tpot_s=0.05, prefill_s_per_token=2e-5),
@@ -114,7 +114,7 @@ def test_residuals_and_state_round_trip():
     assert set(res["quantity"]) == {"decode", "prefill", "power"}
     assert (res["predicted"] > 0).all() and (res["observed"] > 0).all()
     cal = SelfCalibrator()
-    scored, _ = cal.observe_frame(res, end)
+    scored, _ = cal.update_frame(res, end)
     before = ws.digest()
     record(ws, cal, scored, end)
     assert ws.digest() != before
@@ -137,7 +137,7 @@ def _one_replica_state(rate_per_s: float, n: int) -> WorldState:
     """One 70B H100 replica serving `n` chat requests at `rate_per_s`, TPOT 50 ms."""
     ws = WorldState.open(":memory:")
     arr = syn.arrivals(T0, n, rate_per_s=rate_per_s)
-    ws.ingest(
+    ws.update(
         {
             "request_arrival": arr,
             "request_completion": syn.completions(arr, tpot_s=0.05),
@@ -170,7 +170,7 @@ def test_step_residuals_discount_prefill_share_and_skip_busy_replicas():
     )
     # deferrable prompts served on the replica load its prefill too, though their TTFT is left out
     arr_b = syn.arrivals(T0, 1200, request_class="batch", rate_per_s=1.0, seed=5, deadline_s=3600)
-    light.ingest({"request_arrival": arr_b, "request_completion": syn.completions(arr_b, tpot_s=0.05, seed=5)})
+    light.update({"request_arrival": arr_b, "request_completion": syn.completions(arr_b, tpot_s=0.05, seed=5)})
     loaded = period_residuals(InteractiveCompletions(light), sm, T0, end).filter(pl.col("quantity") == "decode")
     assert loaded["observed"][0] < dec["observed"][0]
     busy_ws = _one_replica_state(20.0, 6000)  # ~20 req/s of ~1.1k new tokens: prefill busy well above the cap
@@ -187,7 +187,7 @@ def test_prefill_residual_is_the_compute_slope_whatever_the_fixed_part(fixed_s):
     slope = 0.6 * (sm.prefill_s(cfg, 1500.0) - sm.prefill_s(cfg, 500.0)) / 1000.0
     ws = WorldState.open(":memory:")
     arr = syn.arrivals(T0, 600, rate_per_s=1.0)
-    ws.ingest(
+    ws.update(
         {
             "request_arrival": arr,
             "request_completion": syn.completions(arr, ttft_s=fixed_s, tpot_s=0.05, prefill_s_per_token=slope),
@@ -230,8 +230,8 @@ def test_unobserved_precision_gets_a_partial_credit_and_observed_its_own_factor(
 def test_residual_tracks_are_keyed_by_precision():
     cal = SelfCalibrator()
     for _ in range(5):
-        cal.observe(Quantity.DECODE, "H100", "n1", model_key("llama-3.1-8b", "fp8"), 0.01, 0.018, T0)
-        cal.observe(Quantity.DECODE, "H100", "n1", model_key("llama-3.1-8b", "bf16"), 0.02, 0.02, T0)
+        cal.update(Quantity.DECODE, "H100", "n1", model_key("llama-3.1-8b", "fp8"), 0.01, 0.018, T0)
+        cal.update(Quantity.DECODE, "H100", "n1", model_key("llama-3.1-8b", "bf16"), 0.02, 0.02, T0)
     dec = cal.corrections().decode
     assert dec[("H100", "llama-3.1-8b", "fp8")] == pytest.approx(1.8)
     assert dec[("H100", "llama-3.1-8b", "bf16")] == pytest.approx(1.0)
@@ -239,8 +239,8 @@ def test_residual_tracks_are_keyed_by_precision():
 
 def test_learned_tail_skips_small_periods_and_tracks_the_shape():
     cal = SelfCalibrator()
-    cal.observe_tail("code", TAIL_LEVELS, tuple(1.0 + i for i in range(len(TAIL_LEVELS))), 10)
+    cal.update_tail("code", TAIL_LEVELS, tuple(1.0 + i for i in range(len(TAIL_LEVELS))), 10)
     assert not cal.corrections().tpot_tail  # too few completions
     ratios = tuple(1.0 + 0.5 * i for i in range(len(TAIL_LEVELS)))
-    cal.observe_tail("code", TAIL_LEVELS, ratios, 1000)
+    cal.update_tail("code", TAIL_LEVELS, ratios, 1000)
     assert cal.corrections().tpot_tail["code"] == tuple(zip(TAIL_LEVELS, ratios, strict=True))

@@ -29,18 +29,18 @@ def test_ingest_is_idempotent_and_positions_never_go_back():
     ws = WorldState.open(":memory:")
     batch = _batch()
     total = sum(f.height for f in batch.values())
-    first = ws.ingest(batch, {("aurelius.telemetry", 0): 640, ("aurelius.requests", 1): 200})
+    first = ws.update(batch, {("aurelius.telemetry", 0): 640, ("aurelius.requests", 1): 200})
     assert (first.inserted, first.duplicates) == (total, 0)
     before = ws.digest()
     # a replay of the same records plus an older position changes nothing
-    again = ws.ingest(batch, {("aurelius.telemetry", 0): 100})
+    again = ws.update(batch, {("aurelius.telemetry", 0): 100})
     assert (again.inserted, again.duplicates) == (0, total)
     assert ws.digest() == before
     assert ws.positions() == {("aurelius.telemetry", 0): 640, ("aurelius.requests", 1): 200}
     # duplicates inside one batch are inserted once
     dup = syn.arrivals(T0 + timedelta(hours=1), 5, request_class="code", seed=3)
     dup = dup.with_columns(pl.col("request_id") + "-new")
-    res = ws.ingest({"request_arrival": pl.concat([dup, dup])}, {("aurelius.requests", 1): 205})
+    res = ws.update({"request_arrival": pl.concat([dup, dup])}, {("aurelius.requests", 1): 205})
     assert (res.inserted, res.duplicates) == (5, 5)
     assert ws.positions()[("aurelius.requests", 1)] == 205
 
@@ -50,7 +50,7 @@ def test_failed_batch_rolls_back_records_and_positions():
     good = syn.arrivals(T0, 10)
     bad = syn.telemetry(T0, 8).drop("hostname")  # key column missing
     with pytest.raises(ValueError, match="lacks key columns"):
-        ws.ingest({"request_arrival": good, "gpu_telemetry": bad}, {("t", 0): 10})
+        ws.update({"request_arrival": good, "gpu_telemetry": bad}, {("t", 0): 10})
     assert ws.count("request_arrival") == 0
     assert ws.positions() == {}
 
@@ -59,11 +59,11 @@ def test_fleet_events_drive_replica_state():
     ws = WorldState.open(":memory:")
     started = syn.fleet_events(T0, 3, kind="replica_started")
     ready = syn.fleet_events(T0 + timedelta(seconds=90), 2, kind="replica_ready")
-    ws.ingest({"fleet_event": pl.concat([started, ready])})
+    ws.update({"fleet_event": pl.concat([started, ready])})
     states = dict(ws.frame("SELECT replica_id, state FROM replicas").iter_rows())
     assert states == {"r-000": "warm", "r-001": "warm", "r-002": "loading"}
     fp8 = syn.fleet_events(T0 + timedelta(seconds=200), 1, kind="replica_reconfigured", precision="fp8")
-    ws.ingest({"fleet_event": fp8})
+    ws.update({"fleet_event": fp8})
     assert ws.frame("SELECT state FROM replicas WHERE replica_id = 'r-000'")["state"][0] == "loading"
 
 
@@ -93,7 +93,7 @@ def test_snapshot_sees_only_what_arrived_by_as_of():
     arr = syn.arrivals(T0, 100, rate_per_s=1.0)  # one request per second on average
     comp = syn.completions(arr.head(30), ttft_s=0.2, tpot_s=0.01)
     late = arr.tail(10).with_columns(pl.col("arrived_at").dt.offset_by("1h"))  # delivered an hour late
-    ws.ingest(
+    ws.update(
         {
             "request_arrival": pl.concat([arr.head(90), late]),
             "request_completion": comp,
@@ -115,7 +115,7 @@ def test_snapshot_sees_only_what_arrived_by_as_of():
 
 def test_aggregates_per_period():
     ws = WorldState.open(":memory:")
-    ws.ingest(_batch())
+    ws.update(_batch())
     ws.aggregate_period(T0, T0 + timedelta(minutes=5))
     ws.aggregate_period(T0, T0 + timedelta(minutes=5))  # recomputing replaces, never duplicates
     row = ws.frame("SELECT * FROM period_class WHERE request_class = 'chat'").row(0, named=True)
@@ -133,7 +133,7 @@ def test_committed_batches_survive_without_a_checkpoint(tmp_path):
     ref = duckdb.connect()
     ref.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
     assert setting == ref.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0] != "16.0 MiB"
-    ws.ingest(_batch())
+    ws.update(_batch())
     wal = path.with_name(path.name + ".wal")
     assert wal.exists() and wal.stat().st_size > 0  # the batch sits in the WAL, not yet checkpointed
     copy = tmp_path / "copy.duckdb"

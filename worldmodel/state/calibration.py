@@ -199,11 +199,11 @@ def tpot_tail_quantiles(
 def learn_tails(state: WorldState, cal: SelfCalibrator, start: datetime, end: datetime) -> None:
     """Feed one period's TPOT tail quantiles per class into the calibrator (see :func:`tpot_tail_quantiles`)."""
     for c, (ratios, n) in tpot_tail_quantiles(state, start, end).items():
-        cal.observe_tail(c, TAIL_LEVELS, ratios, n)
+        cal.update_tail(c, TAIL_LEVELS, ratios, n)
 
 
 def record(state: WorldState, cal: SelfCalibrator, residuals: pl.DataFrame, at: datetime) -> None:
-    """Write scored residuals (from :meth:`SelfCalibrator.observe_frame`), the tracks and the risk band."""
+    """Write scored residuals (from :meth:`SelfCalibrator.update_frame`), the tracks and the risk band."""
     if residuals.height:
         keyed = residuals.with_columns(pl.lit(at).cast(pl.Datetime("us", "UTC")).alias("recorded_at"))
         state.replace_rows(
@@ -229,7 +229,7 @@ def calibrate_period(state: WorldState, cal: SelfCalibrator, prior: ServingModel
     `aurelius worldmodel-validate` both run)."""
     interactive = InteractiveCompletions(state)
     current = prior.with_corrections(cal.corrections())
-    scored, _ = cal.observe_frame(period_residuals(interactive, current, start, end), end)
+    scored, _ = cal.update_frame(period_residuals(interactive, current, start, end), end)
     learn_tails(interactive, cal, start, end)
     record(state, cal, scored, end)
 

@@ -91,7 +91,7 @@ class WorldState:
         """Close the connection (the file keeps every committed batch)."""
         self.con.close()
 
-    def ingest(
+    def update(
         self,
         batch: Mapping[str, pl.DataFrame],
         positions: Mapping[tuple[str, int], int] | None = None,
@@ -280,7 +280,7 @@ class WorldState:
         key_filter : optional SQL predicate of rows to delete first (e.g. a stale band).
         """
         if table in {k.table for k in RAW_KINDS.values()}:
-            raise ValueError(f"{table} holds raw observations; use ingest()")
+            raise ValueError(f"{table} holds raw observations; use update()")
         _rows(self.con, "BEGIN TRANSACTION")
         try:
             if key_filter:
