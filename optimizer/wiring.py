@@ -12,6 +12,7 @@ from optimizer.forecast_adapter import ForecastingProvider, OracleForecastProvid
 from optimizer.registry import create
 from optimizer.world_adapter import WorldStateModel
 from schemas.policy import Policy
+from worldmodel.state import WorldState
 
 #: The Pareto reference of the aurelius arms: the strongest reference policy (DESIGN.md). Measured on the
 #: default windows (benchmarks/results/), `production` has the best gp/$ in every market; production-tuned's
@@ -30,6 +31,7 @@ def build_policy(
     reference: str = DEFAULT_REFERENCE,
     period_s: float = 300.0,
     window_periods: int | None = None,
+    world_state: WorldState | None = None,
     **kwargs: Any,
 ) -> Policy:
     """A ready-to-run policy by name: references via the registry, aurelius arms with the real adapters.
@@ -44,6 +46,8 @@ def build_policy(
         `DEFAULT_ALSO_REFERENCES` run beside it unless `also_references` is given.
     period_s : control period (s), for the oracle's realized series.
     window_periods : periods that receive arrivals (`aurelius replay --periods`; None: the whole window).
+    world_state : the Kafka worker's state, which the aurelius arms then read instead of keeping their own
+        (`WorldStateModel(shared=...)`); None in the embedded replay.
     kwargs : further `AureliusPolicy` settings (e.g. audit=False).
     """
     if name not in AURELIUS_ARMS:
@@ -62,7 +66,7 @@ def build_policy(
         reference=reference,
         seed=seed,
         forecast_provider=provider,
-        world_model=WorldStateModel(),
+        world_model=WorldStateModel(shared=world_state),
         **arm,
         **kwargs,
     )

@@ -47,14 +47,21 @@ _KIND_OF = {
 
 
 class WorldStateModel:
-    """`WorldModelPort` over an in-memory `WorldState` with per-period self-calibration.
+    """`WorldModelPort` over a `WorldState` with per-period self-calibration.
+
+    Two ways to hold the state, one state either way: the embedded replay gives the policy the records of each
+    period and this model keeps them in its own DuckDB (`path`); the Kafka worker has already committed them
+    to its DuckDB in its own transaction and passes that state (`shared`), which this model then only reads
+    (every read keeps to records with ``arrived_at <= as_of``) and adds its derived tables to.
 
     Parameters
     ----------
     cost_config : operator cost configuration of the forward model (defaults: schemas/cost.py).
     serving : the planner's serving model priors (default `ServingModel()`); corrections are fitted here.
-    path : DuckDB file of the state (":memory:" by default: one state per replay run).
-    telemetry_stride : keep every n-th telemetry sample per GPU (1 = all; the last 60 s are always kept).
+    path : DuckDB file of an own state (":memory:" by default: one state per replay run).
+    telemetry_stride : keep every n-th telemetry sample per GPU in an own state (1 = all; the last 60 s are
+        always kept).
+    shared : the worker's state, already holding every delivered record; None: an own state at `path`.
     """
 
     def __init__(
@@ -63,11 +70,13 @@ class WorldStateModel:
         serving: ServingModel | None = None,
         path: str = ":memory:",
         telemetry_stride: int = 1,
+        shared: WorldState | None = None,
     ) -> None:
         self.cost_config = cost_config or CostConfig()
         self._prior = serving or ServingModel()
         self.path = path
         self.telemetry_stride = max(int(telemetry_stride), 1)
+        self.shared = shared
         self.state: WorldState | None = None
         self.cal = SelfCalibrator()
         self._serving = self._prior
@@ -78,9 +87,9 @@ class WorldStateModel:
         self.ingest_ms: list[float] = []
 
     def start(self, ctx: PolicyContext, history: History) -> None:
-        if self.state is not None:
+        if self.state is not None and self.shared is None:
             self.state.close()
-        self.state = WorldState.open(self.path)
+        self.state = self.shared or WorldState.open(self.path)
         self.cal = SelfCalibrator()
         self._serving = self._prior
         self._ctx = ctx
@@ -101,7 +110,8 @@ class WorldStateModel:
                 batch[kind] = frame
         if "fleet_event" in batch:
             self._observed_fleet = True
-        self.state.update(batch, ingested_at=obs.as_of)
+        if self.shared is None:  # the worker committed them to the shared state already
+            self.state.update(batch, ingested_at=obs.as_of)
         self._snap = None
         start, end = self._last, obs.as_of
         self.state.aggregate_period(start, end)
@@ -162,6 +172,6 @@ class WorldStateModel:
         return self._serving
 
     def close(self) -> None:
-        if self.state is not None:
+        if self.state is not None and self.shared is None:
             self.state.close()
-            self.state = None
+        self.state = None

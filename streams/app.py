@@ -4,7 +4,8 @@ One app task consumes the five input topics in micro-batches through an aiokafka
 and seeks to the positions stored in DuckDB on every assignment, so consumption never runs ahead of the
 durable state. Per batch, in order: dead letters are published and their delivery awaited; records,
 positions, clock, counts and the worker's ledger are committed in one DuckDB transaction; every decision
-now due is made and its audit record published (delivery awaited) before the period is marked decided.
+now due is made and stored with its decided mark in the outbox (streams/ingest.py), in one transaction, then
+copied to the audit topic (delivery awaited) and the local audit log before the outbox row is marked published.
 Nothing is kept in faust tables (BROKER.md: Tansu's end_offsets bug can lose table state on restore);
 at-least-once, no transactions.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 import faust
 
+from schemas.timestamps import ts_from_wire
 from schemas.topics import Topics
 from sinks.base import AuditSink
 from streams.decide import Decider, DecisionInput
@@ -44,7 +46,7 @@ class Worker:
     pipeline : validation and clock.
     ingestor : durable state.
     decider_factory : builds the decider from period 0's start (UTC) at the first decision.
-    audit : the local audit log the worker also writes (idempotent on decision id), or None.
+    audit : the local audit log, a copy of the outbox like the audit topic (idempotent on decision id), or None.
     send : coroutine that produces one `Outbound` and returns once the broker has it.
     """
 
@@ -60,6 +62,7 @@ class Worker:
         self.committed: dict[tuple[str, int], int] = dict(pipeline.state.positions)
         self.decision_latency_s: list[float] = []
         self._inflight: asyncio.Task[None] | None = None
+        self._recovered = False
 
     async def handle(self, records: Sequence[Inbound]) -> None:
         """Process one micro-batch end to end (publish dead letters, commit, decide) and wait for it."""
@@ -77,6 +80,9 @@ class Worker:
         active : partitions with records still to deliver (the watermark waits for them); None: none.
         """
         received = time.monotonic() if received is None else received
+        if not self._recovered:  # decisions a crashed run stored but had not published
+            self._recovered = True
+            await self.publish_outbox()
         res = self.pipeline.step(records, active)
         due = [p for p in res.due if p > self.scheduled_through]
         if due:
@@ -100,15 +106,29 @@ class Worker:
         self.decision_latency_s.extend([time.monotonic() - received] * len(due))
 
     async def decide(self, periods: Sequence[int]) -> None:
-        """Decide for each period; publish the audit records, write them locally, then mark them decided."""
+        """Decide for each period into the outbox (record and decided mark in one transaction), then publish."""
         for period in periods:
             await self._decide_one(period)
-        if periods:
+            self.pipeline.state.decided_through = period
+            self.scheduled_through = max(self.scheduled_through, period)
+        await self.publish_outbox()
+
+    async def publish_outbox(self) -> None:
+        """Copy every unpublished outbox record to the audit topic and the local audit log, then mark them
+        published (after a crash: the records the previous run decided but had not published)."""
+        pending = await asyncio.to_thread(self.ingestor.unpublished)
+        if not pending:
+            return
+        topic = self.pipeline.topics.recommendations.name
+        for record in pending:
+            ts_ms = int(ts_from_wire(record["period_start"]).timestamp() * 1000)
+            await self.send(Outbound(topic, record["decision_id"].encode(), json.dumps(record).encode(),
+                                     timestamp_ms=ts_ms))
             if self.audit is not None:
-                await asyncio.to_thread(self.audit.flush)
-            await asyncio.to_thread(self.ingestor.mark_decided, periods[-1])
-            self.pipeline.state.decided_through = periods[-1]
-            self.scheduled_through = max(self.scheduled_through, periods[-1])
+                self.audit.add(record)
+        if self.audit is not None:
+            await asyncio.to_thread(self.audit.flush)
+        await asyncio.to_thread(self.ingestor.mark_published, [r["decision_id"] for r in pending])
 
     async def _decide_one(self, period: int) -> None:
         clock = self.pipeline.clock
@@ -118,12 +138,7 @@ class Worker:
         observations, late = await asyncio.to_thread(self.ingestor.observations, period)
         inp = DecisionInput(period, clock.start_of(period), observations, late)
         record = await asyncio.to_thread(self.decider.decide, inp)
-        ts_ms = int(inp.period_start.timestamp() * 1000)
-        topic = self.pipeline.topics.recommendations.name
-        await self.send(Outbound(topic, record["decision_id"].encode(), json.dumps(record).encode(),
-                                 timestamp_ms=ts_ms))
-        if self.audit is not None:
-            self.audit.add(record)
+        record = await asyncio.to_thread(self.ingestor.record_decision, period, record)
         log.info("decision period=%d id=%s late=%d", period, record["decision_id"], late)
 
     def stats(self) -> dict[str, Any]:

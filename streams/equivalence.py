@@ -23,9 +23,10 @@ from streams.decide import Decider
 from streams.ingest import DuckDBIngestor
 from streams.pipeline import Inbound, Outbound, Pipeline
 from streams.publish import load_directory, ordered
+from worldmodel.state import WorldState
 
 
-def replay_decisions(directory: str | Path, decider_factory: Callable[[datetime], Decider], period_s: float,
+def replay_decisions(directory: str | Path, decider_factory: Callable[[datetime, WorldState], Decider], period_s: float,
                      allowed_lateness_s: float, origin: datetime | None = None,
                      batch_records: int = 5000) -> list[dict[str, Any]]:
     """Audit records of every decision the worker makes over `directory`, in period order.
@@ -33,7 +34,7 @@ def replay_decisions(directory: str | Path, decider_factory: Callable[[datetime]
     Parameters
     ----------
     directory : `OUT/observations/<kind>.parquet` (or `.jsonl`) as `aurelius publish --from-dir` reads.
-    decider_factory : builds the decider from period 0's start (e.g. `streams.worker_cli.policy_decider`).
+    decider_factory : builds the decider from period 0's start and the worker's state (which the policy reads).
     period_s, allowed_lateness_s : the worker's clock (s).
     origin : start of period 0 (UTC); None: the first record's period.
     batch_records : micro-batch size (records); the decisions do not depend on it.
@@ -46,7 +47,7 @@ def replay_decisions(directory: str | Path, decider_factory: Callable[[datetime]
     async def send(o: Outbound) -> None:
         return None
 
-    worker = Worker(pipeline, ingestor, decider_factory, sink, send)
+    worker = Worker(pipeline, ingestor, lambda origin: decider_factory(origin, ingestor.world), sink, send)
     inbound = [Inbound(topics.for_kind(kind).name, 0, i, json.dumps(rec).encode())
                for i, (_, _, kind, rec) in enumerate(ordered(load_directory(directory)))]
 

@@ -11,6 +11,12 @@ duplicate, so replaying the same records twice gives the same state.
 
 A decision reads its observations from the world model's tables joined with the ledger on the key: no
 record is stored twice, and the frames come back typed (no JSON on the decision path).
+
+Decisions go through an outbox in the same file (`worker_outbox`): the audit record and the decided mark are
+written in one transaction before anything is published; the audit topic and the worker's Parquet log are
+copies made from it, and a row is marked published only once both have it. A decision re-made after a crash
+finds its id in the outbox and the stored record stands (one audit truth); rows a crash left unpublished are
+sent again on restart, so the topic may carry a duplicate (consumers drop it by decision id), never a gap.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ class WorkerState:
 
     positions : (topic, partition) -> last ingested offset.
     origin, max_event_at, closed_through : the period clock (see streams.clock.PeriodClock).
-    decided_through : last period whose recommendation was published (-1: none).
+    decided_through : last period whose decision is in the outbox (-1: none).
     counts : COUNTERS -> records (count).
     partition_max_us : (topic, partition) -> largest clock time consumed there (us since the epoch).
     """
@@ -128,7 +134,16 @@ class Ingestor(Protocol):
         """Typed frames (kinds with records only) the decision for `period_index` sees, and how many are late."""
         ...
 
-    def mark_decided(self, period_index: int) -> None: ...
+    def record_decision(self, period_index: int, record: dict[str, Any]) -> dict[str, Any]:
+        """Store the audit record in the outbox and mark the period decided, in one transaction; return the
+        record that stands (the stored one when its decision id is already there)."""
+        ...
+
+    def unpublished(self) -> list[dict[str, Any]]:
+        """Outbox records not yet published, in period order."""
+        ...
+
+    def mark_published(self, decision_ids: list[str]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -146,6 +161,8 @@ _DDL = "\n".join(_ledger_ddl(k) for k in RAW_KINDS) + """
 CREATE TABLE IF NOT EXISTS worker_positions (
     topic VARCHAR, "partition" INTEGER, "offset" BIGINT, PRIMARY KEY (topic, "partition"));
 CREATE TABLE IF NOT EXISTS worker_state (name VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE IF NOT EXISTS worker_outbox (
+    decision_id VARCHAR PRIMARY KEY, period_index BIGINT, record VARCHAR, published BOOLEAN);
 """
 
 
@@ -245,10 +262,34 @@ class DuckDBIngestor:
                 out[kind] = df.drop("_late").cast(schema)  # type: ignore[arg-type]
         return out, late
 
-    def mark_decided(self, period_index: int) -> None:
-        self.con.execute(
-            "INSERT OR REPLACE INTO worker_state VALUES ('decided_through', ?)", [str(period_index)]
-        ).fetchall()
+    def record_decision(self, period_index: int, record: dict[str, Any]) -> dict[str, Any]:
+        con = self.con
+        con.execute("BEGIN TRANSACTION").fetchall()
+        try:
+            stored = con.execute("SELECT record FROM worker_outbox WHERE decision_id = ?",
+                                 [record["decision_id"]]).fetchall()
+            if stored:
+                record = json.loads(stored[0][0])
+            else:
+                con.execute("INSERT INTO worker_outbox VALUES (?, ?, ?, false)",
+                            [record["decision_id"], period_index, json.dumps(record)]).fetchall()
+            con.execute("INSERT OR REPLACE INTO worker_state VALUES ('decided_through', ?)",
+                        [str(period_index)]).fetchall()
+            con.execute("COMMIT").fetchall()
+        except BaseException:
+            con.execute("ROLLBACK").fetchall()
+            raise
+        return record
+
+    def unpublished(self) -> list[dict[str, Any]]:
+        rows = self.con.execute("SELECT record FROM worker_outbox WHERE NOT published "
+                                "ORDER BY period_index, decision_id").fetchall()
+        return [json.loads(r) for (r,) in rows]
+
+    def mark_published(self, decision_ids: list[str]) -> None:
+        if decision_ids:
+            self.con.executemany("UPDATE worker_outbox SET published = true WHERE decision_id = ?",
+                                 [[i] for i in decision_ids])
 
     def close(self) -> None:
         self.world.close()

@@ -18,10 +18,12 @@ from streams.decide import Decider, PolicyDecider
 from streams.ingest import DuckDBIngestor
 from streams.pipeline import Pipeline
 from streams.settings import WorkerSettings
+from worldmodel.state import WorldState
 
 
-def policy_decider(settings: WorkerSettings, origin: datetime) -> Decider:
-    """The policy `settings.policy` as a Decider for one market, window starting at `origin`, no history."""
+def policy_decider(settings: WorkerSettings, origin: datetime, world: WorldState) -> Decider:
+    """The policy `settings.policy` as a Decider for one market, window starting at `origin`, no history,
+    reading the worker's state `world`."""
     import polars as pl
 
     from optimizer.wiring import build_policy
@@ -31,8 +33,8 @@ def policy_decider(settings: WorkerSettings, origin: datetime) -> Decider:
     ctx = PolicyContext(fleet=default_fleet((settings.market,)), markets=(settings.market,), window_start=origin,
                         period_s=settings.period_s, periods=0, seed=settings.seed)
     empty = pl.DataFrame()
-    return PolicyDecider(build_policy(settings.policy, seed=settings.seed, period_s=settings.period_s),
-                         ctx, History(empty, empty, empty))
+    policy = build_policy(settings.policy, seed=settings.seed, period_s=settings.period_s, world_state=world)
+    return PolicyDecider(policy, ctx, History(empty, empty, empty))
 
 
 @dataclass(frozen=True)
@@ -47,13 +49,15 @@ class ReplaySetup:
     decider: PolicyDecider
 
 
-def replay_setup(settings: WorkerSettings, start: datetime | None = None) -> ReplaySetup:
+def replay_setup(settings: WorkerSettings, start: datetime | None = None,
+                 world: WorldState | None = None) -> ReplaySetup:
     """The policy, context and history exactly as `aurelius replay` builds them (one site, `settings.market`).
 
     Parameters
     ----------
     settings : market, policy, period_s, year, window_rule, window_periods, seed.
     start : window start (UTC, on the hour); None: the window rule over `settings.year`.
+    world : the worker's state, which the policy then reads (None: the policy keeps its own, as in the replay).
     """
     import polars as pl
 
@@ -74,38 +78,40 @@ def replay_setup(settings: WorkerSettings, start: datetime | None = None) -> Rep
                         window_start=wl.window.start, period_s=settings.period_s,
                         periods=int(round(window_s / settings.period_s)), seed=wl.seed, sla=sla)
     policy = build_policy(settings.policy, wl, settings.seed, period_s=settings.period_s,
-                          window_periods=settings.window_periods)
+                          window_periods=settings.window_periods, world_state=world)
     return ReplaySetup(wl.window.start, PolicyDecider(policy, ctx, wl.history))
 
 
-def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, datetime], Decider],
+def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, datetime, WorldState], Decider],
           origin: datetime | None = None) -> int:
     """Run the worker until SIGINT/SIGTERM.
 
     Parameters
     ----------
     settings : worker settings.
-    decider_factory : builds the decider from the settings and period 0's start (UTC), at the first decision.
+    decider_factory : builds the decider from the settings, period 0's start (UTC) and the worker's state (the
+        one world state the policy reads), at the first decision.
     origin : start of period 0 (UTC); None: the stored one, else the first record's period.
     """
     topics = Topics(prefix=settings.topic_prefix)
     asyncio.run(ensure_topics(settings.bootstrap_servers, topics.all()))
-    if settings.history_from_replay:
-        setup = replay_setup(settings, origin)
-        origin = setup.origin
-        decider_factory = lambda _s, _o: setup.decider  # noqa: E731
     field_map = None
     if settings.field_map:
         from streams.fieldmap import FieldMap
 
         field_map = FieldMap.load(None if settings.field_map == "default" else settings.field_map)
     ingestor = DuckDBIngestor.open(settings.db)
+    if settings.history_from_replay:
+        setup = replay_setup(settings, origin, ingestor.world)
+        origin = setup.origin
+        decider_factory = lambda _s, _o, _w: setup.decider  # noqa: E731
     pipeline = Pipeline(topics, ingestor.load_state(), settings.period_s, settings.allowed_lateness_s, origin,
                         field_map=field_map)
 
     audit = ParquetAuditStore(settings.audit_dir)
     app = build_app(
-        settings, lambda send: Worker(pipeline, ingestor, lambda o: decider_factory(settings, o), audit, send)
+        settings, lambda send: Worker(pipeline, ingestor, lambda o: decider_factory(settings, o, ingestor.world), audit,
+                                  send)
     )
     from faust.worker import Worker as FaustWorker
 

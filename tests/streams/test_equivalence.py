@@ -40,8 +40,8 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[dict[s
     return out, embedded_replay("PJM", START, PERIODS, POLICY, out)
 
 
-def _settings() -> WorkerSettings:
-    return WorkerSettings(market="PJM", policy=POLICY, period_s=300.0, window_periods=PERIODS,
+def _settings(policy: str = POLICY) -> WorkerSettings:
+    return WorkerSettings(market="PJM", policy=policy, period_s=300.0, window_periods=PERIODS,
                           history_from_replay=True)
 
 
@@ -50,15 +50,39 @@ def test_worker_logic_decides_as_the_embedded_replay(replayed):
     from streams.worker_cli import replay_setup
 
     out, plans = replayed
-    setup = replay_setup(_settings(), START)
-    records = replay_decisions(out, lambda _origin: setup.decider, period_s=300.0, allowed_lateness_s=30.0,
-                               origin=setup.origin, batch_records=7000)
+    # the policy reads the worker's own state (one world state), as `aurelius worker` wires it
+    records = replay_decisions(out, lambda _origin, world: replay_setup(_settings(), START, world).decider,
+                               period_s=300.0, allowed_lateness_s=30.0, origin=START, batch_records=7000)
     assert [r["period_index"] for r in records] == list(range(len(plans)))
     assert _canon([r["chosen_plan"] for r in records]) == _canon(plans)
     notes = {p["notes"] for p in plans}
     assert len(notes) >= 3, "the plans must depend on the published prices, or the test proves little"
     # decision 1 sees the week of prices published before the window; the 17:00 price reaches the 17:00 one
     assert records[1]["observed"]["price"] == 168 and records[12]["observed"]["price"] == 1
+
+
+@pytest.mark.slow
+def test_aurelius_reading_the_workers_state_decides_as_the_embedded_replay(tmp_path):
+    """One world state: in the worker the aurelius policy reads the worker's DuckDB (records committed by the
+    worker's transaction, no second ingest), and still chooses every period's plan as in the embedded replay,
+    where it keeps its own state."""
+    from streams.worker_cli import replay_setup
+
+    plans = embedded_replay("PJM", START, PERIODS, "aurelius", tmp_path)
+    seen: list = []
+
+    def factory(_origin, world):
+        decider = replay_setup(_settings("aurelius"), START, world).decider
+        seen.append((decider.policy.world_model, world))
+        return decider
+
+    records = replay_decisions(tmp_path, factory, period_s=300.0, allowed_lateness_s=30.0, origin=START,
+                               batch_records=7000)
+    ((world_model, world),) = seen
+    assert world_model.state is world  # the policy read the worker's state, it did not open one of its own
+    assert [r["period_index"] for r in records] == list(range(len(plans)))
+    assert _canon([r["chosen_plan"] for r in records]) == _canon(plans)
+    assert sum(not r["fallback"] for r in records) >= 1, "some plan must come from the forward model"
 
 
 @pytest.mark.kafka

@@ -113,7 +113,7 @@ def test_equivalence_hook_replays_an_observation_directory(tmp_path, records):
     obs.mkdir()
     rows = [records.arrival(f"r{i}", records.T0 + timedelta(seconds=20 * i)) for i in range(10)]
     (obs / "request_arrival.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    out = replay_decisions(tmp_path, lambda origin: CountingDecider(), period_s=60, allowed_lateness_s=5,
+    out = replay_decisions(tmp_path, lambda origin, world: CountingDecider(), period_s=60, allowed_lateness_s=5,
                            batch_records=3)
     assert [d["period_index"] for d in out] == [0, 1, 2]
     # period k is (k * 60 s, (k + 1) * 60 s]: decision 1 sees r0 (at the origin: history) and r1..r3 (r3 at
