@@ -130,8 +130,7 @@ class WorldStateModel:
         """The frozen state as of `as_of`, with the fleet's GPU inventory (see the module docstring)."""
         assert self.state is not None and self._ctx is not None, "start() first"
         if self._snap is None or self._snap.as_of != as_of:  # one state query per decision, however many asks
-            gpus = {(s.name, str(g.gpu)): s.gpus(g.gpu) for s in self._ctx.fleet.sites for g in s.groups}
-            self._snap = replace(snapshot(self.state, as_of), gpus=gpus)
+            self._snap = snapshot(self.state, as_of, inventory=self._ctx.fleet.inventory())
         return self._snap
 
     def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:

@@ -64,6 +64,10 @@ class FleetSpec:
                 return s
         raise KeyError(f"no site for market {market!r}")
 
+    def inventory(self) -> dict[tuple[str, str], int]:
+        """GPUs per (site name, gpu type) (count)."""
+        return {(s.name, str(g.gpu)): s.gpus(g.gpu) for s in self.sites for g in s.groups}
+
 
 #: Tensor parallelism per model (GPUs per replica) by GPU type.
 DEFAULT_TP: dict[tuple[str, GpuType], int] = {

@@ -35,13 +35,14 @@ import math
 from collections.abc import Mapping
 
 from schemas import cost
+from schemas.fleet import default_fleet
 from schemas.forecast import ClassDemand, ClassOutcome, DisturbanceForecast, PredictedOutcome
 from schemas.plan import Plan
 from schemas.protocol import PROTOCOL_V1, Protocol
 from worldmodel.demand import model_load, scenario_rate
 from worldmodel.outcomes import Scenario, class_outcome
 from worldmodel.period_cost import account_period, default_site_markets
-from worldmodel.placement import default_inventory, place, serving_replicas
+from worldmodel.placement import place, serving_replicas
 from worldmodel.queueing import Load, Pool, PoolResult, mu_replica, pool_static, serve_pool, util_per_request
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import FleetSnapshot
@@ -81,7 +82,7 @@ class ForwardModel:
         self.cost_config = cost_config
         self.protocol = protocol
         self.idle_power = idle_power
-        self.inventory = dict(inventory) if inventory is not None else default_inventory()
+        self.inventory = dict(inventory) if inventory is not None else default_fleet().inventory()
         self.unobserved_precision_risk = unobserved_precision_risk
         self.site_markets = dict(site_markets) if site_markets is not None else default_site_markets()
 

@@ -44,7 +44,7 @@ def account_period(
         nodes = _nodes_on(n, *snap.placement.get(key, (0, 0)))
         power_w[key[0]] = power_w.get(key[0], 0.0) + nodes * sm.node_overhead_w(key[1])
     if idle_power:
-        for (site, gpu), n in snap.gpus.items():
+        for (site, gpu), n in snap.inventory.items():
             idle = max(n - gpus_used.get((site, gpu), 0.0), 0.0)
             power_w[site] = power_w.get(site, 0.0) + idle * sm.gpu_power_w(gpu, clock_or_max(gpu, None), 0.0)
     total_w = sum(power_w.values())
@@ -56,7 +56,7 @@ def account_period(
         for site, w in power_w.items()
     )
     rented = cost.gpu_cost_rented_usd(gpu_hours, cost_config)
-    owned = cost.gpu_cost_owned_usd(_by_gpu(snap.gpus), T / 3600.0, cost_config)
+    owned = cost.gpu_cost_owned_usd(_by_gpu(snap.inventory), T / 3600.0, cost_config)
     out.cost_usd = max(rented + out.energy_cost_usd, 1e-9)
     out.cost_owned = max(owned + out.energy_cost_usd, 1e-9)
 

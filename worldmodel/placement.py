@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-from schemas.fleet import default_fleet
 from schemas.plan import Plan
 from worldmodel.queueing import Pool
 
@@ -85,8 +84,3 @@ def serving_replicas(p: Pool, n: float, T: float) -> float:
     lost = starting * min(p.load_s + 15.0, T) + sum(min(x, T) for x in p.loading_left_s)
     lost += min(p.reloads, n) * min(p.load_s, T)
     return max(n - lost / T, 0.0)
-
-
-def default_inventory() -> dict[tuple[str, str], int]:
-    """GPUs per (site, gpu type) of the operator's default fleet (count)."""
-    return {(s.name, str(g.gpu)): s.gpus(g.gpu) for s in default_fleet().sites for g in s.groups}

@@ -72,8 +72,9 @@ class FleetSnapshot:
 
     pools : replicas per pool; queues : outstanding requests per class; prefix_hit_rate : share of input
     tokens served from prefix cache per model over the last 15 min (0-1); power_w : mean GPU board power per
-    (site, gpu type) over the last minute (W, summed over GPUs); gpus : GPUs seen per (site, gpu type)
-    (count; a caller may set the inventory instead, for the owned basis); placement : per (site, gpu type) the
+    (site, gpu type) over the last minute (W, summed over GPUs); inventory : the fleet's GPUs per (site, gpu
+    type) as the caller knows them (count; empty when unknown), priced on the owned basis and, idle, at idle
+    power; placement : per (site, gpu type) the
     GPUs seen hosting replicas over the last minute and the nodes they sit on (count, count: more nodes than
     GPUs / 8 once scale-downs leave nodes part-used, and each draws its non-GPU power); corrections : fitted
     serving-model factors; risk_band : uncertainty multiplier (1-2);
@@ -85,7 +86,7 @@ class FleetSnapshot:
     queues: tuple[QueueState, ...]
     prefix_hit_rate: Mapping[str, float] = field(default_factory=dict)
     power_w: Mapping[tuple[str, str], float] = field(default_factory=dict)
-    gpus: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    inventory: Mapping[tuple[str, str], int] = field(default_factory=dict)
     placement: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     corrections: Corrections = field(default_factory=Corrections)
     risk_band: float = 1.0
@@ -153,7 +154,8 @@ _CAL_SQL = "SELECT * FROM calibration_state"
 _BAND_SQL = "SELECT band FROM risk_band WHERE recorded_at <= $as_of ORDER BY recorded_at DESC LIMIT 1"
 
 
-def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta(hours=4)) -> FleetSnapshot:
+def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta(hours=4),
+             inventory: Mapping[tuple[str, str], int] | None = None) -> FleetSnapshot:
     """Read the state as of `as_of` into a frozen :class:`FleetSnapshot` (reads only).
 
     Parameters
@@ -161,6 +163,7 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
     state : the world-model state.
     as_of : decision instant (UTC); only records with arrived_at <= as_of are used.
     lookback : how far back outstanding requests are searched (s as a timedelta; covers batch deadlines).
+    inventory : the fleet's GPUs per (site, gpu type) (count), from the fleet spec; None: unknown.
     """
     p = {"as_of": as_of}
     pools = tuple(
@@ -203,7 +206,7 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
         queues=queues,
         prefix_hit_rate=MappingProxyType(prefix),
         power_w=MappingProxyType({(r["site"], r["gpu"]): float(r["w"]) for r in power.iter_rows(named=True)}),
-        gpus=MappingProxyType({(r["site"], r["gpu"]): int(r["n"]) for r in power.iter_rows(named=True)}),
+        inventory=MappingProxyType(dict(inventory or {})),
         placement=MappingProxyType(
             {(r["site"], r["gpu"]): (int(r["n"]), int(r["nodes"])) for r in power.iter_rows(named=True)}
         ),

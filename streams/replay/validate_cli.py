@@ -19,7 +19,7 @@ import argparse
 import importlib
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -28,7 +28,7 @@ from typing import Any
 import polars as pl
 
 from schemas.cost import CostConfig
-from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, Precision
+from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, Precision, default_fleet
 from schemas.forecast import ClassDemand, DisturbanceForecast, Interval, PredictedOutcome
 from schemas.plan import Plan
 from schemas.policy import Observations
@@ -217,12 +217,14 @@ def predict_stream(
     period_s: float,
     cost_config: CostConfig,
     history: Iterable[RealizedPeriod] = (),
+    inventory: Mapping[tuple[str, str], int] | None = None,
 ) -> list[dict]:
     """Replay one ground-truth stream through the world model: predict each period, then learn from it.
 
     `history`: the logging policy's stream over the same periods. Its period k is learned (self-calibration only)
     before period k + 1 is predicted, as a deployed planner has calibrated on the policy in force when it weighs
-    a plan that policy did not take; its fleet and requests stay out of the state the plan is predicted from."""
+    a plan that policy did not take; its fleet and requests stay out of the state the plan is predicted from.
+    `inventory`: the fleet's GPUs per (site, gpu type), priced on the owned basis as the policy prices them."""
     ws = WorldState.open(":memory:")
     seen = WorldState.open(":memory:")
     sm = ServingModel()
@@ -241,7 +243,7 @@ def predict_stream(
         if prices is not None:
             hour = prices.filter((pl.col("interval_start") <= start) & (pl.col("interval_end") > start))
             price = float(hour["lmp_usd_mwh"][-1]) if hour.height else 0.0
-        pred = fm.evaluate(snapshot(ws, start), rp.plan, oracle_forecast(rp, period_s, price))
+        pred = fm.evaluate(snapshot(ws, start, inventory=inventory), rp.plan, oracle_forecast(rp, period_s, price))
         rows.append({**compare(pred, rp), "plan": rp.plan.label or "logging-policy"})
         if k < len(logged):
             _learn(seen, logged[k].observations, cal, sm, start, end)
@@ -320,11 +322,14 @@ def run(args: argparse.Namespace, realize: Realize | None = None) -> int:
     }
     for market in [m.strip() for m in str(args.markets).split(",") if m.strip()]:
         observed = list(realize(market, None, args))
-        result: dict[str, Any] = {"observational": predict_stream(observed, period_s, cost_config)}
+        inventory = default_fleet((market,)).inventory()
+        result: dict[str, Any] = {"observational": predict_stream(observed, period_s, cost_config,
+                                                                  inventory=inventory)}
         result["observational_summary"] = _summary(result["observational"])
         result["imposed"] = {}
         for plan in imposed_plans(observed[0].plan) if observed else []:
-            rows = predict_stream(realize(market, plan, args), period_s, cost_config, history=observed)
+            rows = predict_stream(realize(market, plan, args), period_s, cost_config, history=observed,
+                                  inventory=inventory)
             result["imposed"][plan.label] = {
                 "plan": plan.as_dict(),
                 "periods": rows,

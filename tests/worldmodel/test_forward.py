@@ -73,7 +73,7 @@ def world():
             "request_completion": syn.completions(arr.head(400)),
         }
     )
-    return ws, snapshot(ws, T0 + timedelta(seconds=60))
+    return ws, snapshot(ws, T0 + timedelta(seconds=60), inventory={("site-pjm", "H100"): 64})  # 8 nodes of 8
 
 
 @pytest.fixture(scope="module")
