@@ -79,7 +79,9 @@ DEFAULT_TP: dict[tuple[str, GpuType], int] = {
 
 
 #: Peak draw of one 8-GPU node at full load and maximum clock (W): 8 x GPU TDP (H100 SXM 700 W, A100 SXM
-#: 400 W) plus the non-GPU node power implied by Splitwise's idle servers (REFERENCES.md); modeled.
+#: 400 W) plus the non-GPU node power implied by Splitwise's idle servers (REFERENCES.md); modeled. It is what
+#: the ground truth's power model draws at full load (tests/worldmodel/test_physics.py pins the two together),
+#: not the 10.2 kW / 6.5 kW DGX provisioning ratings, which no node of the model reaches.
 NODE_PEAK_W: dict[GpuType, float] = {GpuType.H100: 8 * 700.0 + 2_240.0, GpuType.A100: 8 * 400.0 + 1_100.0}
 #: Site power cap as a share of the whole fleet's peak: binds at maximum clock with every GPU busy.
 POWER_CAP_SHARE = 0.85

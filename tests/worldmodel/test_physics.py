@@ -147,3 +147,14 @@ def test_power_idle_max_and_clock():
 def test_node_power_matches_splitwise_idle():
     assert node_overhead_w("H100") + 8 * gpu_power_w("H100", 0.0, H100_MAX) == pytest.approx(2800.0)
     assert node_overhead_w("A100") + 8 * gpu_power_w("A100", 0.0, 1410.0) == pytest.approx(1500.0)
+
+
+@pytest.mark.parametrize("gpu", ["H100", "A100"])
+def test_the_fleets_node_peak_is_what_the_ground_truth_draws_at_full_load(gpu):
+    """One figure for a node's peak (schemas.fleet.NODE_PEAK_W, which sizes the site power cap): the ground
+    truth's busy node at maximum clock draws exactly it (8 GPUs at util 1 plus the node's non-GPU power)."""
+    from schemas.fleet import GPUS_PER_NODE, NODE_PEAK_W, GpuType
+    from worldmodel.physics.tables import max_clock_mhz
+
+    drawn = GPUS_PER_NODE * gpu_power_w(gpu, 1.0, max_clock_mhz(gpu)) + node_overhead_w(gpu)
+    assert NODE_PEAK_W[GpuType(gpu)] == pytest.approx(drawn, rel=1e-12)

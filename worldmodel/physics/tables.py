@@ -54,7 +54,6 @@ class GpuSpec:
     tdp_w: Tagged
     idle_w: Tagged
     node_idle_w: Tagged
-    node_peak_w: Tagged
 
 
 GPUS: dict[GpuType, GpuSpec] = {
@@ -70,7 +69,6 @@ GPUS: dict[GpuType, GpuSpec] = {
             "typical SXM idle with persistence mode; no measured idle row in data",
         ),
         node_idle_w=Tagged(2800.0, "W", Provenance.MODELED, f"Splitwise idle DGX-H100 server ({REFS})"),
-        node_peak_w=Tagged(10200.0, "W", Provenance.MODELED, f"Splitwise DGX-H100 uncapped peak ({REFS})"),
     ),
     GpuType.A100: GpuSpec(
         memory_gb=80.0,
@@ -84,9 +82,6 @@ GPUS: dict[GpuType, GpuSpec] = {
             "typical SXM idle with persistence mode; no measured idle row in data",
         ),
         node_idle_w=Tagged(1500.0, "W", Provenance.MODELED, f"Splitwise idle DGX-A100 server ({REFS})"),
-        node_peak_w=Tagged(
-            6500.0, "W", Provenance.MODELED, "DGX-A100 system power rating (NVIDIA datasheet)"
-        ),
     ),
 }
 
