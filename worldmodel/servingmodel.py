@@ -21,6 +21,7 @@ import numpy as np
 from scipy import special
 
 from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType
+from schemas.models import BYTES_PER_VALUE, MODELS
 from schemas.provenance import Provenance
 
 
@@ -43,32 +44,12 @@ class GpuSpec:
     max_clock_mhz: float
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """Transformer shape (Llama-3.1 model cards): params (count), layers, hidden, kv_heads, head_dim."""
-
-    params: float
-    layers: int
-    hidden: int
-    kv_heads: int
-    head_dim: int
-
-    def kv_bytes_per_token(self, bytes_per_value: float) -> float:
-        """KV-cache bytes per token over all layers (B)."""
-        return 2.0 * self.layers * self.kv_heads * self.head_dim * bytes_per_value
-
-
 GPU_SPECS: dict[str, GpuSpec] = {
     GpuType.H100: GpuSpec(3.35e12, 989e12, 1979e12, 80e9, 700.0, 75.0, 450e9, SM_CLOCK_RANGE_MHZ[GpuType.H100][1]),
     GpuType.A100: GpuSpec(2.0e12, 312e12, 0.0, 80e9, 400.0, 55.0, 300e9, SM_CLOCK_RANGE_MHZ[GpuType.A100][1]),
 }
-MODEL_SPECS: dict[str, ModelSpec] = {
-    "llama-3.1-8b": ModelSpec(8.03e9, 32, 4096, 8, 128),
-    "llama-3.1-70b": ModelSpec(70.6e9, 80, 8192, 8, 128),
-}
 #: largest size CV the lognormal fit from (mean, p90) returns
 _MAX_SIZE_CV = 1.5
-BYTES_PER_PARAM: dict[str, float] = {"bf16": 2.0, "fp8": 1.0}
 
 
 @dataclass(frozen=True)
@@ -177,7 +158,7 @@ class ServingModel:
     def _comm_s(self, cfg: PoolConfig, tokens: float) -> float:
         if cfg.tp <= 1:
             return 0.0
-        m = MODEL_SPECS[cfg.model]
+        m = MODELS[cfg.model]
         g = GPU_SPECS[cfg.gpu]
         ring = 2.0 * (cfg.tp - 1) / cfg.tp * tokens * m.hidden * 2.0 / g.link_bytes_s
         return 2 * m.layers * (self.priors.allreduce_latency_s + ring)
@@ -191,10 +172,10 @@ class ServingModel:
         batch : concurrent sequences in the iteration (count, >= 1).
         context_tokens : mean tokens already in each sequence's KV cache (tokens).
         """
-        g, m, p = GPU_SPECS[cfg.gpu], MODEL_SPECS[cfg.model], self.priors
-        bpp = BYTES_PER_PARAM[cfg.precision]
+        g, m, p = GPU_SPECS[cfg.gpu], MODELS[cfg.model], self.priors
+        bpp = BYTES_PER_VALUE[cfg.precision]
         b = max(batch, 1.0)
-        bytes_moved = (m.params * bpp + b * context_tokens * m.kv_bytes_per_token(bpp)) / cfg.tp
+        bytes_moved = (m.params * bpp + b * context_tokens * m.kv_bytes_per_token(cfg.precision)) / cfg.tp
         clock = self._clock_ratio(cfg)
         mem_s = bytes_moved / g.hbm_bytes_s * p.decode_roofline_ratio
         mem_s *= 1.0 + p.mem_clock_sensitivity * (1.0 / clock - 1.0)
@@ -211,11 +192,11 @@ class ServingModel:
         cfg : pool configuration.
         tokens : uncached prompt tokens (tokens).
         """
-        g, m, p = GPU_SPECS[cfg.gpu], MODEL_SPECS[cfg.model], self.priors
+        g, m, p = GPU_SPECS[cfg.gpu], MODELS[cfg.model], self.priors
         n = max(tokens, 1.0)
         flops = (2.0 * m.params * n + 2.0 * n * n * m.layers * m.hidden) / cfg.tp
         cmp_s = flops / (self._peak_flops(cfg) * self._clock_ratio(cfg) * p.prefill_compute_eff)
-        mem_s = m.params * BYTES_PER_PARAM[cfg.precision] / cfg.tp / g.hbm_bytes_s
+        mem_s = m.params * BYTES_PER_VALUE[cfg.precision] / cfg.tp / g.hbm_bytes_s
         step = max(cmp_s, mem_s) + self._comm_s(cfg, n) + p.step_overhead_s
         return step * self._factor(self.corrections.prefill, cfg, _prefill_gain)
 
@@ -235,15 +216,15 @@ class ServingModel:
 
     def kv_capacity_tokens(self, cfg: PoolConfig) -> float:
         """KV-cache capacity of one replica (tokens) after weights, at the usable HBM share."""
-        g, m = GPU_SPECS[cfg.gpu], MODEL_SPECS[cfg.model]
-        bpp = BYTES_PER_PARAM[cfg.precision]
+        g, m = GPU_SPECS[cfg.gpu], MODELS[cfg.model]
+        bpp = BYTES_PER_VALUE[cfg.precision]
         free = g.memory_bytes * cfg.tp * self.priors.kv_memory_share - m.params * bpp
-        return max(free, 0.0) / m.kv_bytes_per_token(bpp)
+        return max(free, 0.0) / m.kv_bytes_per_token(cfg.precision)
 
     def load_s(self, cfg: PoolConfig) -> float:
         """Cold start or precision reload time of one replica (s)."""
-        m = MODEL_SPECS[cfg.model]
-        return self.priors.load_fixed_s + m.params * BYTES_PER_PARAM[cfg.precision] / self.priors.load_bytes_s
+        m = MODELS[cfg.model]
+        return self.priors.load_fixed_s + m.params * BYTES_PER_VALUE[cfg.precision] / self.priors.load_bytes_s
 
     def gpu_power_w(self, gpu: str, sm_clock_mhz: float, activity: float) -> float:
         """Board power of one GPU (W): idle + activity x clock-scaled dynamic part x fitted factor, <= TDP.
@@ -295,7 +276,7 @@ GainFn = Callable[[str, str], float]
 
 def _decode_gain(gpu: str, precision: str) -> float:
     """Roofline decode speed-up of a precision over bf16 (ratio): bytes per weight and KV value."""
-    return BYTES_PER_PARAM["bf16"] / BYTES_PER_PARAM[precision]
+    return BYTES_PER_VALUE["bf16"] / BYTES_PER_VALUE[precision]
 
 
 def _prefill_gain(gpu: str, precision: str) -> float:

@@ -19,6 +19,7 @@ from functools import cache
 import numpy as np
 
 from schemas.fleet import GpuType, Precision
+from schemas.models import MODEL_SOURCE, model_spec
 from schemas.provenance import Provenance
 from worldmodel.physics import clock, tables
 from worldmodel.physics.calibrate import AICONFIGURATOR, fitted, splitwise_a100_ratio
@@ -140,7 +141,7 @@ def step_coefficients(
     17.5
     """
     gpu_t, prec = GpuType(gpu), tables.check_precision(gpu, precision)
-    tables.model_spec(model)
+    model_spec(model)
     try:
         theta, tag, src = _bf16_terms(model, gpu_t, tp)
     except ValueError as exc:
@@ -161,7 +162,7 @@ def step_coefficients(
     spec = tables.gpu_spec(gpu)
     values["kv_capacity_tokens"] = kv_capacity_tokens(model, gpu, tp, precision)
     prov["kv_capacity_tokens"] = (
-        f"modeled: {tp} x 80 GB x 0.9 - weights, / KV bytes per token ({tables.MODEL_SOURCE})"
+        f"modeled: {tp} x 80 GB x 0.9 - weights, / KV bytes per token ({MODEL_SOURCE})"
     )
     values["weights_load_s"] = weights_load_s(model, tp, precision)
     load = tables.WEIGHT_LOAD_BYTES_PER_S_PER_GPU

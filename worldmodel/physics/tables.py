@@ -8,40 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, Precision
+from schemas.models import model_spec
 from schemas.provenance import Provenance, Tagged
 
 GB = 1e9
 REFS = "REFERENCES.md"
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """Architecture figures of one served model (Hugging Face config.json of the Meta release)."""
-
-    params: float
-    layers: int
-    hidden: int
-    kv_heads: int
-    head_dim: int
-
-    def weight_bytes(self, precision: Precision) -> float:
-        """Weight bytes of the whole model: params x (2 bf16 | 1 fp8)."""
-        return self.params * (1.0 if precision == Precision.FP8 else 2.0)
-
-    def kv_bytes_per_token(self, precision: Precision) -> float:
-        """KV bytes per token over all layers: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
-        return (
-            2.0 * self.layers * self.kv_heads * self.head_dim * (1.0 if precision == Precision.FP8 else 2.0)
-        )
-
-
-MODELS: dict[str, ModelSpec] = {
-    # Llama-3.1-8B: 8.03e9 params, 32 layers, 8 KV heads (GQA), head_dim 128 -> 128 KiB/token in bf16.
-    "llama-3.1-8b": ModelSpec(params=8.03e9, layers=32, hidden=4096, kv_heads=8, head_dim=128),
-    # Llama-3.1-70B: 70.55e9 params, 80 layers, 8 KV heads, head_dim 128 -> 320 KiB/token in bf16.
-    "llama-3.1-70b": ModelSpec(params=70.55e9, layers=80, hidden=8192, kv_heads=8, head_dim=128),
-}
-MODEL_SOURCE = "meta-llama/Llama-3.1-{8B,70B} config.json (num_hidden_layers, num_key_value_heads, head_dim)"
 
 
 @dataclass(frozen=True)
@@ -119,13 +92,6 @@ def gpu_spec(gpu: str) -> GpuSpec:
         return GPUS[GpuType(gpu)]
     except ValueError as exc:
         raise ValueError(f"unknown GPU type {gpu!r}; expected one of {[g.value for g in GpuType]}") from exc
-
-
-def model_spec(model: str) -> ModelSpec:
-    """The architecture figures of `model`; ValueError for an unknown model."""
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
-    return MODELS[model]
 
 
 def check_precision(gpu: str, precision: str) -> Precision:
