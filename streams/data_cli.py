@@ -11,7 +11,12 @@ from pathlib import Path
 
 import polars as pl
 
+from schemas.protocol import PROTOCOL_V1
 from streams.datasets.paths import data_dir
+from streams.datasets.prices import available_years, load_prices, price_gaps
+from streams.datasets.servegen import SLOT_S, load_rate_shape, shape_clients
+from streams.datasets.traces import load_azure, load_mooncake
+from streams.workload.builder import build_workload
 
 MARKETS = ("PJM", "ERCOT", "CAISO")
 
@@ -38,9 +43,6 @@ def _license(folder: Path, spdx: str) -> str:
 
 def bundled() -> list[Entry]:
     """Every bundled data set with its span, rows and license."""
-    from streams.datasets.prices import available_years, load_prices, price_gaps
-    from streams.datasets.servegen import SLOT_S, load_rate_shape, shape_clients
-    from streams.datasets.traces import load_azure, load_mooncake
 
     root = data_dir()
     out = []
@@ -90,8 +92,6 @@ def _parse_start(text: str | None) -> datetime | None:
 
 def run_window(args: argparse.Namespace) -> int:
     """Print, per market (and year), the window in UTC and market-local time, mean price and requests."""
-    from schemas.protocol import PROTOCOL_V1
-    from streams.workload.builder import build_workload
 
     markets = [m.strip().upper() for m in args.markets.split(",") if m.strip()]
     years = [int(y) for y in args.years.split(",")] if args.years else [args.year]

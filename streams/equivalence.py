@@ -16,6 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from optimizer.wiring import build_policy
+from schemas.fleet import default_fleet
 from schemas.topics import Topics
 from sinks.memory import MemorySink
 from streams.app import Worker
@@ -23,6 +25,9 @@ from streams.decide import Decider
 from streams.ingest import DuckDBIngestor
 from streams.pipeline import Inbound, Outbound, Pipeline
 from streams.publish import load_directory, ordered
+from streams.replay.cli import emit_observations
+from streams.replay.driver import run_replay
+from streams.workload.builder import build_workload
 from worldmodel.state import WorldState
 
 
@@ -100,14 +105,9 @@ def embedded_replay(market: str, start: datetime, periods: int, policy: str, out
     seed : workload seed.
     period_s : control period (s).
     """
-    from optimizer.wiring import build_policy
-    from schemas.fleet import default_fleet
-    from streams.replay.cli import _emit
-    from streams.replay.driver import run_replay
-    from streams.workload.builder import build_workload
 
     wl = build_workload(market, start.year, start=start, periods=periods, period_minutes=period_s / 60.0, seed=seed)
     rec = _Recording(build_policy(policy, wl, seed, period_s=period_s, window_periods=periods))
     res = run_replay(wl, rec, default_fleet((market,)), period_s=period_s, keep_observations=True)  # type: ignore[arg-type]
-    _emit(Path(out) / "observations" / market / policy / f"seed{seed}", res)
+    emit_observations(Path(out) / "observations" / market / policy / f"seed{seed}", res)
     return rec.plans

@@ -28,6 +28,9 @@ import numpy as np
 
 from forecasting.bundle import period_forecaster, price_forecaster
 from forecasting.evaluate import Scores, backtest
+from forecasting.series import period_counts
+from streams.datasets.prices import available_years, load_prices
+from streams.workload.builder import build_workload
 
 BUCKETS = ((1, 1), (2, 6), (7, 12), (13, 24))
 #: Days after the first 5-minute count at which arrival origins start. Scored over each workload's last two
@@ -36,7 +39,6 @@ ARRIVAL_FIRST_DAY = 3
 
 
 def _price_scores(market: str, years: list[int], horizon: int, n_origins: int | None) -> Scores:
-    from streams.datasets.prices import available_years, load_prices
 
     load = [y for y in available_years(market) if min(years) - 1 <= y <= max(years)]
     df = load_prices(market, load)
@@ -59,10 +61,8 @@ def _price_scores(market: str, years: list[int], horizon: int, n_origins: int | 
 
 
 def _arrival_results(market: str, year: int, horizon: int) -> dict[str, dict]:
-    from streams.workload.builder import build_workload
 
     wl = build_workload(market, year, seed=0)
-    from forecasting.series import period_counts
 
     out = {}
     for cls, (y, event_us, arrived_us) in period_counts(wl.history.arrivals_per_minute, wl.requests,

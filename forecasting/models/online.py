@@ -33,7 +33,7 @@ class RiverHoltWinters(PointModel):
         self._model: Any = None
 
     def _new(self) -> Any:
-        from river.time_series import HoltWinters
+        from river.time_series import HoltWinters  # lazy: river loads only when this member is built
 
         return HoltWinters(alpha=self.alpha, beta=self.beta, gamma=self.gamma, seasonality=self.season)
 

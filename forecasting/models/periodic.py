@@ -69,7 +69,7 @@ class StatsForecastMSTL(_StatsForecastMember):
     forwards = False
 
     def _spec(self) -> Any:
-        from statsforecast.models import MSTL
+        from statsforecast.models import MSTL  # lazy: statsforecast (numba) loads only when used
 
         seasons = [self.season, self.week] if self.fit_steps >= 2 * self.week else [self.season]
         return MSTL(season_length=seasons)
@@ -82,7 +82,7 @@ class StatsForecastAutoETS(_StatsForecastMember):
     name = "sf_autoets"
 
     def _spec(self) -> Any:
-        from statsforecast.models import AutoETS
+        from statsforecast.models import AutoETS  # lazy: as above
 
         return AutoETS(season_length=self.season if self.season <= 24 else 1)
 
@@ -94,6 +94,6 @@ class StatsForecastHoltWinters(_StatsForecastMember):
     name = "sf_holtwinters"
 
     def _spec(self) -> Any:
-        from statsforecast.models import HoltWinters
+        from statsforecast.models import HoltWinters  # lazy: as above
 
         return HoltWinters(season_length=self.season if self.season <= 24 else 1, error_type="A")

@@ -33,6 +33,7 @@ from optimizer.wiring import build_policy
 from schemas.audit import decision_id
 from schemas.fleet import default_fleet
 from schemas.protocol import CLASSES
+from sinks.audit_store import FILE_GLOB, ParquetAuditStore
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.metrics import PROVENANCE, per_period, request_outcomes, summarize
 from streams.replay.tuning import lead_in_fleet, tune_static
@@ -167,7 +168,7 @@ def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
         summary["seed"] = job.seed
         summary.update(_decision_stats(res))
         if args.emit_observations and res.observations is not None:
-            _emit(Path(args.out) / "observations" / job.key / name / f"seed{job.seed}", res)
+            emit_observations(Path(args.out) / "observations" / job.key / name / f"seed{job.seed}", res)
         outcomes.append(Outcome(name, summary, _frames(res, job.key), res.decisions, window))
     return outcomes
 
@@ -215,8 +216,6 @@ def _one(
 
 def _audit_store(directory: Path) -> Any:
     """A fresh Parquet audit log under OUT/audit (files of an earlier replay into the same OUT removed)."""
-    from sinks.audit_store import FILE_GLOB, ParquetAuditStore
-
     directory.mkdir(parents=True, exist_ok=True)
     for f in directory.glob(FILE_GLOB):
         f.unlink()
@@ -334,7 +333,7 @@ def _store(db: duckdb.DuckDBPyConnection, frames: tuple[pl.DataFrame, ...]) -> N
         db.unregister("frame")
 
 
-def _emit(path: Path, res: RunResult) -> None:
+def emit_observations(path: Path, res: RunResult) -> None:
     path.mkdir(parents=True, exist_ok=True)
     assert res.observations is not None
     for kind, frames in res.observations.items():

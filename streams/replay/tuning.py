@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.baselines.production import ProductionPolicy
 from optimizer.baselines.tuned import TunedProductionPolicy
 from schemas.fleet import FleetSpec
 from streams.replay.driver import run_replay
@@ -89,7 +90,6 @@ def lead_in_fleet(
     all_sites: bool = False,
 ) -> dict[tuple[str, str, str], int]:
     """Replicas warm or loading per (site, model, gpu) after serving the hour before `window_start`."""
-    from optimizer.baselines.production import ProductionPolicy
 
     lead = window_start - timedelta(hours=1)  # windows start on the hour, and so does the lead-in
     wl = build_workload(market, lead.year, start=lead, periods=4, period_minutes=15.0, seed=seed + 104729)

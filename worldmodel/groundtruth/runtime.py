@@ -14,6 +14,7 @@ from schemas.protocol import CLASSES
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.engine import empty_heap, run_until
 from worldmodel.groundtruth.reconfigure import reload_replica
+from worldmodel.groundtruth.scaler import log_event, start_replica
 from worldmodel.groundtruth.state import TEL_DT
 from worldmodel.physics import node_overhead_w, step_coefficients
 
@@ -221,8 +222,6 @@ class SiteRuntime:
                     self.rep.coef[r, :] = row
         self._rank_priorities(plan)
         if prewarm:
-            from worldmodel.groundtruth.scaler import log_event, start_replica
-
             for p in range(len(self.pool_keys)):
                 for _ in range(int(self.pools.floor[p])):
                     start_replica(self.rep, self.pools, self.hw, self.logs, p, t)

@@ -44,7 +44,7 @@ AIC_MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Ll
 def data_root() -> Path:
     """The bundled data folder: the wheel's `aurelius_data`, else the source tree's `data/`."""
     try:
-        import aurelius_data  # type: ignore[import-not-found]
+        import aurelius_data  # type: ignore[import-not-found]  # lazy: present only in an installed wheel
 
         return Path(aurelius_data.__path__[0])
     except ImportError:
