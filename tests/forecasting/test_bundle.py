@@ -4,6 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import polars as pl
+import pytest
 
 from forecasting.bundle import MarketForecaster
 from schemas.forecast import DisturbanceForecast
@@ -39,6 +40,7 @@ def _observations(as_of: datetime) -> Observations:
     return Observations(as_of, 0, arrivals, comp, empty, empty, empty)
 
 
+@pytest.mark.slow
 def test_facade_returns_k_periods_with_published_prices_flagged():
     mf = MarketForecaster("ERCOT", horizon_periods=6).start(_history(), START)
     as_of = START + timedelta(minutes=5)
@@ -56,6 +58,7 @@ def test_facade_returns_k_periods_with_published_prices_flagged():
     assert {"price", "arrivals/chat", "output_p50/code", "prefix_reuse/batch"} <= set(mf.last_forecasts)
 
 
+@pytest.mark.slow
 def test_oracle_arm_is_flagged():
     truth = ([99.0] * 48, [START + timedelta(hours=h) for h in range(48)])
     mf = MarketForecaster("PJM", horizon_periods=3, truth={"price": truth}).start(_history(), START)

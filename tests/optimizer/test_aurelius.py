@@ -1,4 +1,5 @@
-"""The aurelius policy end to end on injected fakes: arms, audit records, fallbacks, no leakage, budgets."""
+"""The aurelius policy end to end on injected fakes: arms, audit records, fallbacks, budgets. (No leakage is
+checked on the real wiring, where data after t is within reach: test_wiring.py.)"""
 
 from __future__ import annotations
 
@@ -123,17 +124,6 @@ def test_clock_only_changes_only_clocks():
 def test_no_deferral_keeps_the_reference_admission():
     recs = run(make(mode="no-deferral", audit=False), varied, periods=3)
     assert all(r["chosen_plan"]["batch_admission"] == "pressure" for r in recs)
-
-
-def test_no_leakage_decision_at_t_ignores_data_after_t():
-    """Perturbing every observation after period 3 leaves the decisions up to period 3 unchanged."""
-    base = run(make(audit=False), varied, periods=5)
-    perturbed = run(make(audit=False), lambda k: varied(k) if k <= 3 else observations(
-        k, code=9000, chat=100, batch=900, price=900.0), periods=5)
-    for a, b in zip(base[:4], perturbed[:4], strict=True):
-        assert a["chosen_plan"] == b["chosen_plan"] and a["forecasts"] == b["forecasts"]
-        assert a["decision_id"] == b["decision_id"]
-    assert base[5]["forecasts"] != perturbed[5]["forecasts"]
 
 
 def test_plan_key_ignores_labels():

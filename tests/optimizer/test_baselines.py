@@ -128,6 +128,7 @@ def test_naive_plan_is_static(wl: Workload) -> None:
 # --- behaviour in the ground truth ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # step_runs: three replays of a 4-period window
 def test_production_autoscaler_scales_with_load(step_runs: dict[str, RunResult], step_wl: Workload) -> None:
     """The same start without the doubled arrivals holds fewer GPUs while the step lasts."""
     fleet = default_fleet((MARKET,))
@@ -150,6 +151,7 @@ def _replicas_by_model(run: RunResult) -> dict[str, tuple[np.ndarray, np.ndarray
     return {m: (ticks, np.array([((t == x) & (model == m)).sum() for x in ticks])) for m in set(model)}
 
 
+@pytest.mark.slow
 def test_production_scale_down_waits_for_the_stabilization_window(step_runs: dict[str, RunResult]) -> None:
     """HPA semantics: a model's replicas never shrink within 300 s of that model last scaling up (the
     scale-up means the recommendation was at least that high inside the stabilization window)."""
@@ -165,6 +167,7 @@ def test_production_scale_down_waits_for_the_stabilization_window(step_runs: dic
     assert shrinks, "never scaled down after the load stopped"
 
 
+@pytest.mark.slow
 def test_naive_keeps_a_static_fleet(step_runs: dict[str, RunResult]) -> None:
     run = step_runs["naive"]
     t, g = _site_gpus(run)
@@ -209,6 +212,7 @@ def test_tuned_price_rule_holds_batch_above_p90(wl: Workload) -> None:
     assert first.batch_admission == BatchAdmission.HOLD
 
 
+@pytest.mark.slow  # two replays
 def test_tuned_price_rule_defers_batch_work(wl: Workload) -> None:
     """In the year's most expensive window, production-tuned dispatches batch work only near its deadline
     (within the release margin); production as deployed dispatches it at once."""

@@ -1,17 +1,20 @@
 """The aurelius policy on its REAL components (optimizer/wiring.py): the forecasting facade, the in-memory
 world state with self-calibration and the forward model, on observation frames the ground-truth replay
-emitted. Checks: a decision comes out with its audit record; no leakage (a decision as of t is unchanged
-when every observation after t is perturbed); the oracle provider is flagged and reads the realized future;
-the cached capacity MILP agrees with the reference formulation; the replay CLI's factory builds every arm."""
+emitted. Checks: a decision comes out with its audit record and the scenario's fallback; no leakage (a decision
+as of t is unchanged when the workload the policy is built from and every observation after t are perturbed);
+the oracle provider is flagged and reads the realized future; the cached capacity MILP agrees with the
+reference formulation; the replay CLI's factory builds every arm."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+from datetime import timedelta
 
 import polars as pl
 import pytest
 
-from optimizer.aurelius import AURELIUS_ARMS, AureliusPolicy
+from optimizer.aurelius import AURELIUS_ARMS, START_FALLBACK, AureliusPolicy
 from optimizer.forecast_adapter import ForecastingProvider, OracleForecastProvider, realized_series
 from optimizer.registry import create
 from optimizer.wiring import build_policy
@@ -84,18 +87,34 @@ def records(wl: Workload, stream) -> dict[int, dict]:  # noqa: ANN001
     return drive(aurelius(wl), ctx, history, obs)
 
 
+#: Each decision's fallback in this scenario (PJM 2023 default window, 3 periods, seed 0, production reference):
+#: (fallback flag, pattern of fallback_reason; None: a searched candidate is recommended, no reason).
+EXPECTED_FALLBACK: dict[int, tuple[bool, str | None]] = {
+    0: (True, re.escape(START_FALLBACK)),  # nothing observed yet: the reference plan as deployed
+    1: (True, r"no candidate passed the hard gates \(best: sla: code \d+\.\d\d% > budget 1\.00%\)"),
+    2: (True, r"pareto: gp/\$ \d+ <= reference \d+ x 1\.03"),  # no candidate 3% above the reference
+    3: (False, None),
+    4: (True, r"pareto: gp/\$ 0 <= reference 0 x 1\.03"),  # the drain: nothing offered, nothing to gain
+}
+
+
 def test_real_adapters_produce_decisions(records: dict[int, dict]) -> None:
-    assert set(records) == set(range(PERIODS + 2))  # the start decision and one per delivered period
+    assert set(records) == set(range(PERIODS + 2)) == set(EXPECTED_FALLBACK)  # the start and one per period
     for k, rec in records.items():
         assert rec is not None and rec["period_index"] == k
         assert rec["chosen_plan"]["pools"], "a plan with pools"
         assert rec["forecasts"]["price_usd_mwh"]["point"] == rec["forecasts"]["price_usd_mwh"]["point"]  # not NaN
         assert rec["reference_policy"] == "production"  # the strongest measured reference (optimizer/wiring.py)
-        assert rec["fallback"] in (True, False)
-        if not rec["fallback"]:
-            assert rec["candidates_evaluated"] > 0
-    # at least one decision was searched (not every period handed to the fallback)
-    assert any(r["candidates_evaluated"] > 0 for r in records.values())
+        fallback, reason = EXPECTED_FALLBACK[k]
+        assert rec["fallback"] is fallback, (k, rec["fallback_reason"])
+        if fallback:
+            assert re.fullmatch(reason, rec["fallback_reason"]), (k, rec["fallback_reason"])
+            assert rec["chosen_plan"] == rec["reference_plan"]
+        else:
+            assert rec["fallback_reason"] is None and rec["chosen_plan"] != rec["reference_plan"]
+            assert rec["candidates_evaluated"] > 0 and rec["predicted_delta"]["gp_per_dollar"] > 0
+    assert records[0]["candidates_evaluated"] == 0  # the start decision searches nothing
+    assert all(records[k]["candidates_evaluated"] > 0 for k in range(1, PERIODS + 2))
 
 
 def _perturb(o: Observations) -> Observations:
@@ -131,20 +150,53 @@ def _decision_view(rec: dict) -> tuple:
     )
 
 
-def test_no_leakage_decision_at_t_unchanged_by_later_observations(
+def _perturb_future(wl: Workload, after_s: float) -> Workload:
+    """The workload with everything after `after_s` (s after the window start) changed: every later request
+    doubled and three times the size, every later hour's price x 10 + 500 $/MWh. The past is untouched."""
+    req = wl.requests
+    late = req.filter(pl.col("arrival_s") > after_s).with_columns(
+        pl.col("input_tokens") * 3, pl.col("output_tokens") * 3
+    )
+    requests = pl.concat([req.filter(pl.col("arrival_s") <= after_s), late,
+                          late.with_columns(pl.col("request_id") + "-dup")]).sort("arrival_s")
+    cut = wl.window.start + timedelta(seconds=after_s)
+    prices = wl.prices.with_columns(
+        pl.when(pl.col("interval_start") >= cut).then(pl.col("lmp_usd_mwh") * 10 + 500)
+        .otherwise(pl.col("lmp_usd_mwh")).alias("lmp_usd_mwh")
+    )
+    assert requests.height > req.height and not prices.equals(wl.prices)
+    return replace(wl, requests=requests, prices=prices)
+
+
+def test_no_leakage_decision_at_t_unchanged_by_later_data(
     wl: Workload,
     stream,  # noqa: ANN001
     records: dict[int, dict],
 ) -> None:
+    """The real aurelius wiring (build_policy: forecasting facade, DuckDB world state, forward model, search) is
+    built from a workload whose future after t is perturbed, the replay's workload as the CLI hands every arm,
+    and fed observations perturbed after t: decisions up to t are unchanged, later ones move."""
     ctx, history, obs = stream
+    t_s = DECIDE_AT * ctx.period_s  # decision DECIDE_AT is made as of window start + t_s
+    assert obs[DECIDE_AT - 1].period_index == DECIDE_AT and obs[DECIDE_AT - 1].as_of == ctx.window_start + timedelta(
+        seconds=t_s)
+    future = _perturb_future(wl, t_s)
     perturbed = [o if o.period_index <= DECIDE_AT else _perturb(o) for o in obs]
     assert any(o.period_index > DECIDE_AT for o in perturbed)
-    again = drive(aurelius(wl), ctx, history, perturbed)
+    again = drive(aurelius(future), ctx, history, perturbed)
     for k in range(DECIDE_AT + 1):
         assert _decision_view(again[k]) == _decision_view(records[k]), f"decision {k} changed"
     # the perturbation is real: a later decision saw it
     later = max(again)
     assert _decision_view(again[later]) != _decision_view(records[later])
+    # and so is the workload's: the oracle arm, which reads the realized future by design, decides otherwise at t
+    upto = [o for o in obs if o.period_index <= DECIDE_AT]
+
+    def oracle(w: Workload) -> dict:  # noqa: ANN202
+        pol = build_policy("oracle", w, 0, audit=False, window_periods=PERIODS)
+        return drive(pol, ctx, history, upto)[DECIDE_AT]  # type: ignore[arg-type]
+
+    assert oracle(future)["forecasts"] != oracle(wl)["forecasts"]
 
 
 def test_world_model_snapshot_reads_only_what_arrived(wl: Workload, stream) -> None:  # noqa: ANN001

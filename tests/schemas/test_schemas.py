@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from importlib.resources import files
+from pathlib import Path
 
 import pytest
 
@@ -307,4 +308,27 @@ def test_validator_is_cached_and_load_is_a_copy():
     assert load("price")["required"]
     with pytest.raises(KeyError, match="unknown record kind"):
         load("recommendation")
-    assert schemas.KINDS == tuple(KINDS) and len(KINDS) == 8
+
+
+SCHEMA_DIR = Path(schemas.__file__).parent
+README_KINDS = (  # the table of schemas/README.md, in its order
+    "request_arrival", "request_completion", "gpu_telemetry", "price", "fleet_event", "audit_record", "dead_letter",
+    "replay_result",
+)
+
+
+def test_kinds_are_the_schema_files_present():
+    """KINDS lists exactly the `<kind>.v1.schema.json` files shipped in schemas/, no more, no fewer."""
+    on_disk = sorted(f.name.removesuffix(".v1.schema.json") for f in SCHEMA_DIR.glob("*.v1.schema.json"))
+    assert on_disk == sorted(KINDS)
+    assert len(set(KINDS)) == len(KINDS)
+    for kind in on_disk:  # each file's $id names its own kind
+        name = f"{kind}.v1.schema.json"
+        assert json.loads((SCHEMA_DIR / name).read_text())["$id"].endswith(f"/{name}")
+
+
+def test_kinds_follow_the_readme_table():
+    rows = [line.split("|")[1].strip() for line in (SCHEMA_DIR / "README.md").read_text().splitlines()
+            if line.startswith("| ") and not line.startswith("| kind ")]
+    assert tuple(rows) == README_KINDS
+    assert KINDS == README_KINDS

@@ -9,8 +9,10 @@ import base64
 import json
 import signal
 import struct
+import time
 from datetime import timedelta
 
+import duckdb
 import pyarrow.parquet as pq
 import pytest
 
@@ -81,6 +83,30 @@ def test_dead_letters_late_records_redelivery_and_audit(kafka_bootstrap, topic_p
     assert len(_raw_ids(tmp_path / "audit")) == len(periods)
 
 
+def _rows_by_id(directory) -> dict[str, dict]:
+    """Every row of a Parquet audit log by decision id; fails if an id was written twice."""
+    rows = [r for f in sorted(directory.glob(FILE_GLOB)) for r in pq.read_table(f).to_pylist()]
+    by_id = {r["decision_id"]: r for r in rows}
+    assert len(by_id) == len(rows), "a decision id written twice"
+    return by_id
+
+
+def _decision(row: dict) -> dict:
+    """An audit row without what only its writer sets (when written, the Kafka offset it came from)."""
+    return {k: v for k, v in row.items() if k not in ("written_at", "kafka_offset")}
+
+
+def _durable_state(db) -> tuple[int, dict, int]:
+    """(decided_through, counters, arrivals in the ledger) as the worker's DuckDB file holds them."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        kv = dict(con.execute("SELECT name, value FROM worker_state").fetchall())
+        (ledger,) = con.execute("SELECT count(*) FROM worker_ledger_request_arrival").fetchone()
+    finally:
+        con.close()
+    return int(kv.get("decided_through", -1)), json.loads(kv["counts"]), int(ledger)
+
+
 def test_sigkill_mid_replay_loses_and_duplicates_no_audit_row(kafka_bootstrap, topic_prefix_factory,
                                                                kafka_tools, records, tmp_path):
     prefix = topic_prefix_factory()
@@ -90,33 +116,66 @@ def test_sigkill_mid_replay_loses_and_duplicates_no_audit_row(kafka_bootstrap, t
     n_periods = 12
     values = [json.dumps(records.arrival(f"r{i}", t0 + timedelta(seconds=10 * i))).encode()
               for i in range(6 * n_periods + 1)]  # watermark 715 s: periods 0 .. n_periods - 2 close
+    first_half = values[: len(values) // 2]
     sink = kafka_tools.Proc(["audit-sink", "--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix,
                              "--audit-dir", "sink_audit"], cwd=tmp_path)
-    worker = _worker(kafka_tools, kafka_bootstrap, prefix, tmp_path)
     try:
-        kafka_tools.produce(kafka_bootstrap, topics.request_arrivals.name, values[: len(values) // 2])
-        worker.wait_for(lambda s: s["decided_through"] >= 3)
-        worker.stop(signal.SIGKILL)
-        # a query while the sink keeps writing
-        mid = sql.query("SELECT count(*) AS n FROM audit", tmp_path / "sink_audit").item()
-        assert mid >= 0
-        kafka_tools.produce(kafka_bootstrap, topics.request_arrivals.name, values[len(values) // 2:])
         worker = _worker(kafka_tools, kafka_bootstrap, prefix, tmp_path)
-        worker.wait_for(lambda s: s["decided_through"] >= n_periods - 1, timeout_s=90)
-        q = kafka_tools.Proc(["audit", "sql", "SELECT count(*) AS n FROM audit", "--audit-dir", "sink_audit",
-                              "--format", "csv"], cwd=tmp_path)
-        assert q.p.wait(30) == 0, "".join(q.lines)
+        try:
+            kafka_tools.produce(kafka_bootstrap, topics.request_arrivals.name, first_half)
+            seen = worker.wait_for(lambda s: s["decided_through"] >= 3)["decided_through"]
+            worker.stop(signal.SIGKILL)
+            assert worker.p.returncode == -signal.SIGKILL
+            # what the killed worker committed: its DuckDB state and its own audit log
+            decided, counts, ledger = _durable_state(tmp_path / "state.duckdb")
+            assert decided >= seen >= 3  # a period reported decided was marked durably first
+            assert counts["records_in"] == counts["processed"] == ledger <= len(first_half)  # one transaction
+            assert counts["dead_letters"] == counts["duplicates"] == counts["late"] == 0
+            before = _rows_by_id(tmp_path / "audit")
+            assert sorted(r["period_index"] for r in before.values()) == list(range(len(before)))
+            assert len(before) >= decided + 1  # flushed before the periods were marked decided
+            # the audit topic holds every decision the worker published before it died, each once; the sink, which
+            # kept running, ends up with exactly those, row for row as the worker wrote them
+            published = [json.loads(m.value) for m in kafka_tools.consume_all(
+                kafka_bootstrap, topics.recommendations.name, expect=n_periods, timeout_s=5)]
+            published_ids = [r["decision_id"] for r in published]
+            assert len(published_ids) == len(set(published_ids))
+            assert set(before) <= set(published_ids)
+            assert sorted(r["period_index"] for r in published) == list(range(len(published)))
+            deadline = time.monotonic() + 30
+            while set(_rows_by_id(tmp_path / "sink_audit")) != set(published_ids) and time.monotonic() < deadline:
+                time.sleep(0.3)
+            mid = sql.query("SELECT decision_id FROM audit ORDER BY period_index", tmp_path / "sink_audit")
+            by_period = sorted(published, key=lambda r: r["period_index"])
+            assert mid["decision_id"].to_list() == [r["decision_id"] for r in by_period]
+            sink_rows = _rows_by_id(tmp_path / "sink_audit")
+            assert all(_decision(sink_rows[i]) == _decision(row) for i, row in before.items())
+            # restart on the same state: it resumes where the durable state says, not from scratch
+            kafka_tools.produce(kafka_bootstrap, topics.request_arrivals.name, values[len(values) // 2:])
+            worker = _worker(kafka_tools, kafka_bootstrap, prefix, tmp_path)
+            last = str(t0 + timedelta(seconds=10 * (len(values) - 1) - 5))  # the last record, less the lateness
+            st = worker.wait_for(lambda s: s["decided_through"] >= n_periods - 1 and s["watermark"] == last,
+                                 timeout_s=90)
+            assert st["decided_through"] == n_periods - 1
+            assert st["decisions"] == n_periods - 1 - decided  # only the periods not marked decided before the kill
+            assert st["counts"]["records_in"] == st["counts"]["processed"] == len(values)  # counters carried over
+            assert st["counts"]["duplicates"] == 0  # consumption resumed at the stored offsets: nothing re-read
+            q = kafka_tools.Proc(["audit", "sql", "SELECT count(*) AS n FROM audit", "--audit-dir", "sink_audit",
+                                  "--format", "csv"], cwd=tmp_path)
+            assert q.p.wait(30) == 0, "".join(q.lines)
+        finally:
+            worker.stop()
+        assert _durable_state(tmp_path / "state.duckdb")[::2] == (n_periods - 1, len(values))
+        expected = list(range(n_periods))
+        after = _rows_by_id(tmp_path / "audit")
+        assert sorted(r["period_index"] for r in after.values()) == expected
+        assert all(after[i] == row for i, row in before.items())  # the pre-kill rows kept as written, not redone
+        deadline = time.monotonic() + 30
+        while set(_rows_by_id(tmp_path / "sink_audit")) != set(after) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        sink.stop()
+        sink_rows = _rows_by_id(tmp_path / "sink_audit")  # nothing duplicated (checked inside)
+        assert set(sink_rows) == set(after)  # nothing lost
+        assert all(_decision(sink_rows[i]) == _decision(row) for i, row in after.items())
     finally:
-        worker.stop()
-    expected = list(range(n_periods))
-    worker_ids = _raw_ids(tmp_path / "audit")
-    assert sorted(sql.query("SELECT period_index FROM audit", tmp_path / "audit")["period_index"]) == expected
-    assert len(worker_ids) == len(set(worker_ids)) == len(expected)
-    import time
-
-    deadline = time.monotonic() + 30
-    while len(set(_raw_ids(tmp_path / "sink_audit"))) < len(expected) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    sink.stop()
-    sink_ids = _raw_ids(tmp_path / "sink_audit")
-    assert sorted(sink_ids) == sorted(worker_ids)  # nothing lost, nothing duplicated
+        sink.stop()

@@ -317,7 +317,9 @@ def test_part_used_nodes_draw_their_overhead_growth_fills_them_first(world, fm):
     plan = _plan(autoscale=False)  # 20 GPUs
     packed = fm.evaluate(replace(snap, placement={key: (20, 3)}), plan, f)
     spread = fm.evaluate(replace(snap, placement={key: (20, 8)}), plan, f)
-    per_node_kwh = ServingModel().node_overhead_w("H100") * 300 / 3.6e6 * CostConfig().pue.value
+    # written out: the planner's H100 server idles at 2,800 W, its 8 GPUs at 75 W each -> 2,200 W of node overhead,
+    # for one 5-minute period, at PUE 1.3
+    per_node_kwh = (2800.0 - 8 * 75.0) * 300 / 3.6e6 * 1.3
     assert spread.energy_kwh - packed.energy_kwh == pytest.approx(5 * per_node_kwh)
     grown = fm.evaluate(replace(snap, placement={key: (16, 4)}), plan, f)  # 4 more GPUs fit the 4 nodes
     assert grown.energy_kwh - packed.energy_kwh == pytest.approx(per_node_kwh)

@@ -13,7 +13,6 @@ import polars as pl
 import pytest
 
 from optimizer.registry import create
-from schemas.cost import CostConfig
 from schemas.fleet import default_fleet
 from schemas.plan import BatchAdmission, Ordering, Plan, PoolPlan, Routing
 from schemas.policy import History, Observations, Policy, PolicyContext
@@ -22,7 +21,7 @@ from streams.replay.metrics import request_outcomes, summarize
 from streams.workload.builder import REQUEST_SCHEMA, Workload, build_workload
 from worldmodel.groundtruth.observe import met
 from worldmodel.groundtruth.runtime import SiteRuntime
-from worldmodel.physics import node_overhead_w, step_coefficients
+from worldmodel.physics import step_coefficients
 
 MARKET = "PJM"
 PERIOD_S = 300.0
@@ -169,11 +168,16 @@ def test_conservation_with_unfinished_work(wl: Workload) -> None:
 # --- energy and GPU-hours reconcile with the emitted telemetry -------------------------------------------
 
 
+#: non-GPU power of a powered 8-GPU node (W): Splitwise idle node power minus 8 idle GPUs (worldmodel/physics/power.py)
+NODE_OVERHEAD_W = {"H100": 2240.0, "A100": 1100.0}
+PUE = 1.3  # schemas/cost.py default
+
+
 def _it_energy_from_telemetry(tel: pl.DataFrame) -> float:
     """Joules of site IT energy from DCGM rows: GPU power x 10 s, plus node overhead of every powered node."""
     gpu_j = float(tel["DCGM_FI_DEV_POWER_USAGE"].sum()) * 10.0
     nodes = tel.select("event_at", "hostname", "modelName").unique()
-    over = {g: node_overhead_w(g) for g in ("H100", "A100")}
+    over = NODE_OVERHEAD_W
     node_j = sum(over[g] * 10.0 * n for g, n in nodes.group_by("modelName").len().iter_rows())
     return gpu_j + node_j
 
@@ -186,7 +190,7 @@ def test_energy_and_gpu_hours_reconcile_with_telemetry(prod: tuple[RunResult, Re
     n_site = int(logs.n_site[0])
     site_j = float(logs.site_it_w[:n_site].sum()) * 10.0
     assert _it_energy_from_telemetry(tel) == pytest.approx(site_j, rel=1e-9)
-    assert s["energy_mwh"] == pytest.approx(site_j * CostConfig().pue.value / 3.6e9, rel=1e-9)
+    assert s["energy_mwh"] == pytest.approx(site_j * PUE / 3.6e9, rel=1e-9)
     # every GPU named in telemetry is a real GPU of the site, and its hostname's type matches
     n_gpus = run.runtime.hw.g_type.shape[0]
     idx = tel["uuid"].str.extract(r"-(\d{4})$").cast(pl.Int64)
@@ -258,7 +262,7 @@ def test_cost_positive_on_negative_price_window() -> None:
     assert len(hour_price) == prices.height >= 2
     logs = run.runtime.logs
     n = int(logs.n_site[0])
-    row_mwh = logs.site_it_w[:n] * 1.3 * 10.0 / 3.6e9  # W x PUE x s -> MWh
+    row_mwh = logs.site_it_w[:n] * PUE * 10.0 / 3.6e9  # W x PUE x s -> MWh
     row_hour = [start + timedelta(hours=int((t - 5.0) // 3600.0)) for t in logs.site_t[:n]]
     row_price = np.array([hour_price[h] for h in row_hour])
     assert (row_price < 0).all() and len(set(row_hour)) >= 2
@@ -284,9 +288,21 @@ def _iteration_s(c: object, n_dec: int, kv: float, p_tok: float, p_attn: float) 
     )  # type: ignore[attr-defined]
 
 
-def _alone(model: str, gpu: str, tp: int, clock: float, inp: int, out: int) -> tuple[float, float]:
-    """(TTFT, mean TPOT) of one request alone on one replica, from the physics coefficients."""
-    c = step_coefficients(model, gpu, tp, "bf16", clock)
+#: step-time coefficients (s) on H100 at 1980 MHz, bf16, written out: (base, per decode sequence, per KV token
+#: in the batch, per prefill token, per prefill attention token pair); the calibrated physics tables' values
+COEF = {
+    "llama-3.1-70b": SimpleNamespace(base_s=0.011757663731576027, per_seq_s=6.100077484229472e-05,
+                                     per_kv_token_s=2.996754286826535e-08, per_prefill_token_s=4.58978173721223e-05,
+                                     per_prefill_attn_s=6.626491405460061e-10),  # TP4
+    "llama-3.1-8b": SimpleNamespace(base_s=0.006147547022562765, per_seq_s=0.0,
+                                    per_kv_token_s=4.8907462686567165e-08, per_prefill_token_s=1.6238624873609707e-05,
+                                    per_prefill_attn_s=4.663548357784794e-09),  # TP1
+}
+
+
+def _alone(model: str, inp: int, out: int) -> tuple[float, float]:
+    """(TTFT, mean TPOT) of one request alone on one replica, from the written-out coefficients."""
+    c = COEF[model]
     ttft, done = 0.0, 0
     while done < inp:  # chunked prefill, 2048 tokens per iteration
         chunk = min(2048, inp - done)
@@ -302,6 +318,8 @@ CASES = [  # (class, input, output, arrival): each alone on its replica
     ("code", 3000, 200, 2.0),
     ("chat", 60000, 20, 40.0),  # long prompt: TTFT over the chat SLO
 ]
+#: (TTFT s, mean TPOT s) of each case, evaluated once from `_alone` and kept as constants
+ALONE = [(0.27322931, 0.011969251), (0.082097099, 0.0062991602), (4.3260649, 0.013617017)]
 
 
 def test_sla_accounting_hand_computed() -> None:
@@ -311,10 +329,14 @@ def test_sla_accounting_hand_computed() -> None:
     req = rt.req
     assert np.isfinite(req.done).all()
     o = request_outcomes(SimpleNamespace(runtime=rt))  # type: ignore[arg-type]
+    for k in (0, 1):  # the simulator's coefficients are the written-out ones
+        c = step_coefficients(MODEL[CASES[k][0]], "H100", 4 if k == 0 else 1, "bf16", 1980)
+        for name, value in vars(COEF[MODEL[CASES[k][0]]]).items():
+            assert getattr(c, name) == pytest.approx(value, rel=1e-12, abs=1e-15), name
     expected_met = []
     for k, (cls, inp, out, at) in enumerate(CASES):
-        model = MODEL[cls]
-        ttft, tpot = _alone(model, "H100", 4 if model == "llama-3.1-70b" else 1, 1980, inp, out)
+        ttft, tpot = _alone(MODEL[cls], inp, out)
+        assert (ttft, tpot) == pytest.approx(ALONE[k], rel=1e-6)
         assert req.first[k] - at == pytest.approx(ttft, rel=1e-9)
         assert (req.done[k] - req.first[k]) / (out - 1) == pytest.approx(tpot, rel=1e-9)
         assert o["ttft_s"][k] == pytest.approx(ttft, rel=1e-9)

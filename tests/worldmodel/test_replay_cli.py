@@ -34,6 +34,8 @@ HEADLINE = (
 )
 CLASS_KEYS = ("offered", "completed", "sla_met", "unfinished", "sla_violation_rate")
 
+pytestmark = pytest.mark.slow  # the module fixture runs `aurelius replay` in a subprocess
+
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
