@@ -34,6 +34,18 @@ KINDS = ("arrivals", "input_p50", "input_p90", "output_p50", "output_p90", "pref
 _Z90 = 1.2816
 
 
+class MissingInputError(ValueError):
+    """A forecast needs an input that has not arrived yet (e.g. no price of the market by the decision time).
+
+    market : the market whose input is missing. The message names what is missing, e.g.
+    "no price has arrived for CAISO by 2023-07-27T16:00:00+00:00".
+    """
+
+    def __init__(self, market: str, message: str) -> None:
+        super().__init__(message)
+        self.market = market
+
+
 def _lognormal_mean(p50: float, p90: float) -> float:
     if p50 <= 0:
         return max(p90, 0.0) / 2
@@ -149,6 +161,10 @@ class MarketForecaster:
         ----------
         as_of : decision instant (UTC), the start of the first forecast period.
         periods : periods to forecast (default `horizon_periods`).
+
+        Raises
+        ------
+        MissingInputError : no price of the market had arrived by `as_of` (a fresh start without history).
         """
         k = periods or self.horizon_periods
         hours = int(math.ceil((k * self.period_s + as_of.minute * 60 + as_of.second) / 3600)) + 1
@@ -166,7 +182,8 @@ class MarketForecaster:
             demand = tuple(self._demand(fc, c, i) for c in CLASSES)
             price = fc.get("price")
             if price is None:
-                raise ValueError(f"{self.market}: no price had arrived by {as_of.isoformat()}")
+                raise MissingInputError(self.market,
+                                        f"no price has arrived for {self.market} by {as_of.isoformat()}")
             j = price.index_at(to_us(start))
             confs = [fc[f"arrivals/{c}"].confidence for c in CLASSES if f"arrivals/{c}" in fc]
             if not price.known[j]:

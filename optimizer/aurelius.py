@@ -19,11 +19,21 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
+import polars as pl
+
+from forecasting.bundle import MissingInputError
 from optimizer.audit_grid import audit_grid, grid_size, run_audit
 from optimizer.candidates import GPU_RATE_USD_H, GenerationInputs, generate
 from optimizer.decision_record import build_record
 from optimizer.deferral_lp import DeferralSchedule, plan_deferral, risk_adjusted_price
-from optimizer.fallback import Decision, Scored, confidence_fallback, decide
+from optimizer.fallback import (
+    Decision,
+    Scored,
+    confidence_fallback,
+    decide,
+    missing_inputs,
+    missing_inputs_fallback,
+)
 from optimizer.gates import GateConfig, GateContext, hard_gates
 from optimizer.levers import LeverSpace, lever_space, plan_key
 from optimizer.objective import Objective
@@ -34,12 +44,18 @@ from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
 from schemas.provenance import Provenance, Tagged
+from schemas.records import frame_schema
 from worldmodel.servingmodel import ServingModel
 
 MODES = ("full", "clock-only", "fixed-grid", "no-deferral")
 #: The first decision's fallback: the fleet has not been observed yet, so the forward model would score plans
 #: against assumed (pre-warmed) state; the reference's plan, the fleet as deployed, is the safe default.
 START_FALLBACK = "start: no fleet observation yet, the reference plan as deployed"
+#: A fresh start (a history without prices and without arrivals: the Kafka worker without --history-from-replay)
+#: lacks the market's price, GPU telemetry and request arrivals: until each has been delivered every decision is the
+#: reference plan, flagged fallback with the reason naming what is missing (optimizer.fallback.missing_inputs), and
+#: nothing is forecast or scored. With a history only the forecaster's own check applies (`MissingInputError`: no
+#: price by the decision time); the replay's history has both, so its decisions are unchanged.
 #: SM clock steps of the regret audit's grid and of the clock-only ablation (count).
 AUDIT_CLOCK_LEVELS = 5
 
@@ -148,20 +164,28 @@ class AureliusPolicy(Policy):
         self._observed = ObservedState()
         self._previous: Plan | None = None
         self._record: dict[str, Any] | None = None
+        self._fresh = self._seen_telemetry = self._seen_arrivals = False
 
     def start(self, ctx: PolicyContext, history: History) -> Plan:
         if self.forecast_provider is None or self.world_model is None:
             raise ValueError(f"{self.name}: inject forecast_provider and world_model (optimizer.aurelius)")
         self._ctx = ctx
+        if not history.prices.columns:  # an empty history without columns: the reference policies read its prices
+            history = replace(history, prices=pl.DataFrame(schema=frame_schema("price")))
         self._observed = ObservedState()
         self._observed.update_prices(history.prices, ctx.markets[0])
+        self._fresh = history.prices.height == 0 and history.arrivals_per_minute.height == 0
+        self._seen_telemetry = self._seen_arrivals = False
         ref = self.reference_policy or create(self.reference)
         self.reference_policy = ref
         ref_plan = ref.start(ctx, history)
         if not self.also_reference_policies:
             self.also_reference_policies = tuple(create(n) for n in self.also_references)
         others = tuple(r.start(ctx, history) for r in self.also_reference_policies)
-        self.forecast_provider.start(ctx, history)
+        try:
+            self.forecast_provider.start(ctx, history)
+        except MissingInputError:  # its start-up forecast, the last step, needs a price: the decision says so
+            pass
         self.world_model.start(ctx, history)
         self._previous = ref_plan
         return self._decide(ctx.window_start, 0, ref_plan, time.perf_counter(), time.process_time(), others,
@@ -172,6 +196,8 @@ class AureliusPolicy(Policy):
         assert self._ctx is not None and self.reference_policy is not None, "start() first"
         self._observed.update_prices(obs.prices, self._ctx.markets[0])
         self._observed.update_arrivals(obs.arrivals)
+        self._seen_telemetry |= obs.telemetry.height > 0
+        self._seen_arrivals |= obs.arrivals.height > 0
         assert self.forecast_provider is not None and self.world_model is not None
         self.forecast_provider.update(obs)
         self.world_model.update(obs)
@@ -184,8 +210,56 @@ class AureliusPolicy(Policy):
 
     def _decide(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
                 other_refs: tuple[Plan, ...] = (), forced_fallback: str | None = None) -> Plan:
-        assert self._ctx is not None and self.forecast_provider is not None and self.world_model is not None
-        forecasts = self.forecast_provider.forecast(as_of, self.horizon_periods)
+        assert self.forecast_provider is not None
+        missing = self._missing_inputs()
+        forecasts: tuple[DisturbanceForecast, ...] = ()
+        if not missing:
+            try:
+                forecasts = self.forecast_provider.forecast(as_of, self.horizon_periods)
+            except MissingInputError as exc:  # the forecaster's own check (e.g. a price published after as_of)
+                missing = (str(exc),)
+        if missing:
+            plan = self._without_inputs(as_of, period_index, ref_plan, t0, c0, missing)
+        else:
+            plan = self._planned(as_of, period_index, ref_plan, t0, c0, forecasts, other_refs, forced_fallback)
+        if self.mode == "no-deferral" and plan.batch_admission == BatchAdmission.HOLD:
+            # the ablation without deferral: a reference plan chosen as is must not bring its hold along
+            plan = replace(plan, batch_admission=BatchAdmission.PRESSURE)
+        self._previous = plan
+        return plan
+
+    def _missing_inputs(self) -> tuple[str, ...]:
+        """On a fresh start, what has not been delivered yet (the first market's price, GPU telemetry, request
+        arrivals); () once all have, and always after a start with history."""
+        assert self._ctx is not None
+        if not self._fresh:
+            return ()
+        return missing_inputs(self._ctx.markets[0], price=bool(self._observed.prices),
+                              telemetry=self._seen_telemetry, arrivals=self._seen_arrivals)
+
+    def _without_inputs(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
+                        missing: tuple[str, ...]) -> Plan:
+        """The reference plan as is, flagged fallback with the missing inputs: nothing is forecast or scored."""
+        assert self._ctx is not None
+        decision = Decision(ref_plan, None, True, missing_inputs_fallback(missing), ())
+        self._record = build_record(
+            policy=self.name, markets=self._ctx.markets, period_index=period_index, as_of=as_of,
+            inputs=self._config_inputs(), forecasts=(), decision=decision, search=None, reference=None, audit=None,
+            decision_ms=(time.perf_counter() - t0) * 1e3,
+            extra={**self._extra(c0, ref_plan), "reference_plan": ref_plan.as_dict(), "missing_inputs": list(missing)},
+        )
+        return ref_plan
+
+    def _extra(self, c0: float, reference: Plan) -> dict[str, Any]:
+        """The record's policy keys: CPU time of this decision (robust to a shared machine), config, reference."""
+        return {"decision_cpu_ms": (time.process_time() - c0) * 1e3, "mode": self.mode, "oracle": self.oracle,
+                "reference_policy": self.reference, "pareto_reference": reference.label, "seed": self.seed}
+
+    def _planned(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
+                 forecasts: tuple[DisturbanceForecast, ...], other_refs: tuple[Plan, ...],
+                 forced_fallback: str | None) -> Plan:
+        """Forecast in hand: score, search, gate and decide; keep the audit record."""
+        assert self._ctx is not None and self.world_model is not None
         serving = self.world_model.serving()
         evaluate = self.world_model.evaluator(as_of, forecasts[0], self._previous if self.floor_release else None)
         schedule = None
@@ -226,7 +300,7 @@ class AureliusPolicy(Policy):
             decision = decide(result.ranked, reference, objective, self.gate_config.pareto_tolerance_pp,
                               self.gate_config.pareto_min_gain)
         decision_ms = (time.perf_counter() - t0) * 1e3
-        decision_cpu_ms = (time.process_time() - c0) * 1e3  # CPU of this process: robust to a shared machine
+        extra = self._extra(c0, reference.plan)
         audit = None
         if self.audit:
             chosen_score = score(decision.plan).score
@@ -235,18 +309,9 @@ class AureliusPolicy(Policy):
             policy=self.name, markets=self._ctx.markets, period_index=period_index, as_of=as_of,
             inputs=self._inputs(forecasts[0]), forecasts=forecasts, decision=decision, search=result,
             reference=reference, audit=audit, decision_ms=decision_ms,
-            extra={"decision_cpu_ms": decision_cpu_ms, "mode": self.mode, "oracle": self.oracle,
-                   "reference_policy": self.reference,
-                   "pareto_reference": reference.plan.label,
-                   "seed": self.seed, "audit_grid_size": n_grid,
-                   "future_price_ratio": objective.future_price_ratio},
+            extra={**extra, "audit_grid_size": n_grid, "future_price_ratio": objective.future_price_ratio},
         )
-        plan = decision.plan
-        if self.mode == "no-deferral" and plan.batch_admission == BatchAdmission.HOLD:
-            # the ablation without deferral: a reference plan chosen as is must not bring its hold along
-            plan = replace(plan, batch_admission=BatchAdmission.PRESSURE)
-        self._previous = plan
-        return plan
+        return decision.plan
 
     def _space(self, ref_plan: Plan, tenants: dict[str, Any], schedule: DeferralSchedule | None,
                clock_levels: int | None = None) -> LeverSpace:
@@ -279,17 +344,23 @@ class AureliusPolicy(Policy):
         )
         return generate(inp, self.mode)
 
-    def _inputs(self, f: DisturbanceForecast) -> dict[str, dict[str, object]]:
+    def _config_inputs(self) -> dict[str, dict[str, object]]:
         m = Provenance.MODELED
         tagged = {
             "confidence_threshold": Tagged(self.confidence_threshold, "ratio", m, "policy config"),
             "risk_aversion": Tagged(self.risk_aversion, "ratio", m, "policy config"),
             "swap_budget": Tagged(self.gate_config.swap_budget, "replicas/period", m, "gate config"),
+        }
+        return {k: v.as_dict() for k, v in tagged.items()}
+
+    def _inputs(self, f: DisturbanceForecast) -> dict[str, dict[str, object]]:
+        m = Provenance.MODELED
+        tagged = {
             "forecast_confidence": Tagged(f.confidence, "ratio", m, "forecasting"),
             "deferred_backlog": Tagged(f.deferred_backlog_requests, "requests", Provenance.MEASURED,
                                        "observed arrivals - completions"),
         }
-        out: dict[str, dict[str, object]] = {k: v.as_dict() for k, v in tagged.items()}
+        out: dict[str, dict[str, object]] = self._config_inputs() | {k: v.as_dict() for k, v in tagged.items()}
         known = {p.value for p in Provenance}
         for name, tag in f.provenance.items():
             out[f"forecast.{name}"] = {"provenance": tag if tag in known else m.value, "source": tag}

@@ -1,8 +1,10 @@
 """The decision step after scoring: confidence fallback, hard gates, Pareto gate against the reference.
 
 The deterministic safe default is the reference policy's plan for the same period. It is recommended,
-flagged `fallback` with its reason, when forecast confidence is below the threshold, when no candidate
-passes the hard gates, or when no feasible candidate passes the Pareto gate.
+flagged `fallback` with its reason, when an input the forecast or the world model needs has not arrived yet
+(a fresh worker without history: no price, no GPU telemetry, no request arrivals), when forecast confidence is
+below the threshold, when no candidate passes the hard gates, or when no feasible candidate passes the Pareto
+gate.
 """
 
 from __future__ import annotations
@@ -54,6 +56,42 @@ def confidence_fallback(confidence: float, threshold: float) -> str | None:
     if confidence < threshold:
         return f"forecast confidence {confidence:.2f} < threshold {threshold:.2f}"
     return None
+
+
+#: What a fresh start can lack (`missing_inputs`): the market's price, the fleet's GPU telemetry, request arrivals.
+MISSING_PRICE = "no price has arrived for {market}"
+MISSING_TELEMETRY = "no GPU telemetry has arrived"
+MISSING_ARRIVALS = "no request has arrived"
+
+
+def missing_inputs(market: str, *, price: bool, telemetry: bool, arrivals: bool) -> tuple[str, ...]:
+    """What is missing, in words, given whether a price of `market`, GPU telemetry and request arrivals have
+    been seen (history or delivered records); empty when nothing is.
+
+    Examples
+    --------
+    >>> missing_inputs("CAISO", price=False, telemetry=False, arrivals=True)
+    ('no price has arrived for CAISO', 'no GPU telemetry has arrived')
+    >>> missing_inputs("PJM", price=True, telemetry=True, arrivals=True)
+    ()
+    """
+    seen = ((price, MISSING_PRICE.format(market=market)), (telemetry, MISSING_TELEMETRY),
+            (arrivals, MISSING_ARRIVALS))
+    return tuple(what for ok, what in seen if not ok)
+
+
+def missing_inputs_fallback(missing: Sequence[str]) -> str | None:
+    """The fallback reason when inputs are missing (`missing_inputs`), else None: without them there is nothing to
+    forecast or score, so the reference plan is recommended as is.
+
+    Examples
+    --------
+    >>> missing_inputs_fallback(("no price has arrived for CAISO", "no GPU telemetry has arrived"))
+    'missing inputs: no price has arrived for CAISO; no GPU telemetry has arrived'
+    >>> missing_inputs_fallback(()) is None
+    True
+    """
+    return f"missing inputs: {'; '.join(missing)}" if missing else None
 
 
 def _no_worse_than_reference(s: Scored, reference: Scored, tolerance_pp: float) -> bool:

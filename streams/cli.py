@@ -142,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--audit-dir", default="audit")
     a.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
     a.add_argument("--output", default=None, help="file for csv/json/parquet (default stdout; parquet needs it)")
+    a.add_argument("--timeout-s", type=float, default=30.0,
+                   help="stop the query after this many seconds (default 30; exit code 3)")
+    a.add_argument("--memory-limit", default="1 GB",
+                   help='DuckDB memory limit, e.g. "512MB", "4 GB" (default 1 GB; no spilling; exit code 3)')
+    a.add_argument("--threads", type=int, default=2, help="DuckDB threads for the query (default 2)")
     a.set_defaults(_run="sinks.sql:run")
 
     p = sub.add_parser("broker", help="local Kafka-compatible broker (Tansu, in memory) for a demo; NOT production")
