@@ -28,6 +28,7 @@ from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType
 from schemas.forecast import ClassDemand, DisturbanceForecast, Interval
 from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
+from schemas.records import frame_schema
 from worldmodel.forward import ForwardModel
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import FleetSnapshot, PoolState
@@ -72,8 +73,8 @@ class TunedProductionPolicy(Policy):
         self._base = _configure(first, config)
         self._steady = replace(_configure(steady, config), label=f"production-tuned: {config}")
         self._market = ctx.markets[0]  # the price rule reads the first market's price (the window's)
-        self._prices = market_rows(history.prices, self._market).select("interval_start", "lmp_usd_mwh",
-                                                                         "published_at")
+        prices = history.prices if history.prices.width else pl.DataFrame(schema=frame_schema("price"))  # fresh
+        self._prices = market_rows(prices, self._market).select("interval_start", "lmp_usd_mwh", "published_at")
         week = self._prices.filter(pl.col("interval_start") >= ctx.window_start - timedelta(days=7))
         if week.height:
             self.threshold_usd_mwh = float(week["lmp_usd_mwh"].quantile(self.price_quantile))

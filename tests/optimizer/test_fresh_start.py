@@ -153,9 +153,7 @@ def test_fresh_aurelius_falls_back_until_its_inputs_arrive(stream):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["production", "naive", pytest.param("production-tuned", marks=pytest.mark.xfail(
-    strict=True, raises=pl.exceptions.ColumnNotFoundError,
-    reason="optimizer/baselines/tuned.py start() selects interval_start of the column-less fresh history"))])
+@pytest.mark.parametrize("policy", ["production", "naive", "production-tuned"])
 def test_fresh_reference_policies_keep_deciding(stream, policy):
     origin, _, _ = stream
     world = WorldState.open(":memory:")

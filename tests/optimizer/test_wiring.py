@@ -210,7 +210,7 @@ def test_world_model_snapshot_reads_only_what_arrived(wl: Workload, stream) -> N
     assert wm.snapshot(obs[0].as_of).pools == before.pools
     # the fleet inventory, not the GPUs seen in telemetry, sizes idle power and the owned basis
     site = ctx.fleet.site(MARKET)
-    assert sum(before.gpus.values()) == sum(site.gpus(g.gpu) for g in site.groups)
+    assert sum(before.inventory.values()) == sum(site.gpus(g.gpu) for g in site.groups)
     wm.close()
 
 
