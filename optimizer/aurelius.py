@@ -8,16 +8,22 @@ latency, score the independent audit grid and record the regret.
 
 Everything it depends on is injected: a `ForecastProvider` (the forecasters, or an oracle fed the realized
 future), a `WorldModelPort` (state + forward model: `evaluator(as_of, forecast, in_force)` returns
-`plan -> PredictedOutcome`) and the reference policy (by registry name, or an instance).
+`plan -> PredictedOutcome`), both in optimizer/ports.py, and the reference policy (by registry name, or an
+instance).
+
+A fresh start (a history without prices and without arrivals: the Kafka worker without --history-from-replay)
+lacks the market's price, GPU telemetry and request arrivals: until each has been delivered every decision is
+the reference plan, flagged fallback with the reason naming what is missing (optimizer.fallback.missing_inputs),
+and nothing is forecast or scored. With a history only the forecaster's own check applies (`MissingInputError`:
+no price by the decision time); the replay's history has both, so its decisions are unchanged.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime
-from typing import Any, Protocol
+from datetime import datetime, timedelta
+from typing import Any
 
 import polars as pl
 
@@ -38,9 +44,10 @@ from optimizer.gates import GateConfig, GateContext, hard_gates
 from optimizer.levers import LeverSpace, lever_space, plan_key
 from optimizer.objective import Objective
 from optimizer.observed import ObservedState
+from optimizer.ports import ForecastProvider, WorldModelPort
 from optimizer.registry import create, register
 from optimizer.search import LEVER_STAGES, SearchConfig, SearchResult, search
-from schemas.forecast import DisturbanceForecast, PredictedOutcome
+from schemas.forecast import DisturbanceForecast
 from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
 from schemas.provenance import Provenance, Tagged
@@ -51,43 +58,8 @@ MODES = ("full", "clock-only", "fixed-grid", "no-deferral")
 #: The first decision's fallback: the fleet has not been observed yet, so the forward model would score plans
 #: against assumed (pre-warmed) state; the reference's plan, the fleet as deployed, is the safe default.
 START_FALLBACK = "start: no fleet observation yet, the reference plan as deployed"
-#: A fresh start (a history without prices and without arrivals: the Kafka worker without --history-from-replay)
-#: lacks the market's price, GPU telemetry and request arrivals: until each has been delivered every decision is the
-#: reference plan, flagged fallback with the reason naming what is missing (optimizer.fallback.missing_inputs), and
-#: nothing is forecast or scored. With a history only the forecaster's own check applies (`MissingInputError`: no
-#: price by the decision time); the replay's history has both, so its decisions are unchanged.
 #: SM clock steps of the regret audit's grid and of the clock-only ablation (count).
 AUDIT_CLOCK_LEVELS = 5
-
-
-class ForecastProvider(Protocol):
-    """Forecasts the disturbances of the coming periods using only what was delivered by `as_of`."""
-
-    def start(self, ctx: PolicyContext, history: History) -> None: ...
-
-    def update(self, obs: Observations) -> None: ...
-
-    def forecast(self, as_of: datetime, periods: int) -> tuple[DisturbanceForecast, ...]: ...
-
-
-class WorldModelPort(Protocol):
-    """The world model as the optimizer uses it: state updates and a read-only evaluator per decision."""
-
-    def start(self, ctx: PolicyContext, history: History) -> None: ...
-
-    def update(self, obs: Observations) -> None: ...
-
-    def evaluator(self, as_of: datetime, forecast: DisturbanceForecast,
-                  in_force: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
-        """A read-only scorer of plans for the period starting at `as_of`; `in_force` is the plan the runtime
-        runs now (its floors hold replicas a new plan may release)."""
-        ...
-
-    def serving(self) -> ServingModel: ...
-
-    def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
-        """Warm + loading replicas per (site, model, gpu) as of `as_of` ({} when unknown)."""
-        ...
 
 
 class AureliusPolicy(Policy):
@@ -173,7 +145,6 @@ class AureliusPolicy(Policy):
         if not history.prices.columns:  # an empty history without columns: the reference policies read its prices
             history = replace(history, prices=pl.DataFrame(schema=frame_schema("price")))
         self._observed = ObservedState()
-        self._observed.update_prices(history.prices, ctx.markets[0])
         self._fresh = history.prices.height == 0 and history.arrivals_per_minute.height == 0
         self._seen_telemetry = self._seen_arrivals = False
         ref = self.reference_policy or create(self.reference)
@@ -194,7 +165,6 @@ class AureliusPolicy(Policy):
     def plan(self, obs: Observations) -> Plan:
         t0, c0 = time.perf_counter(), time.process_time()
         assert self._ctx is not None and self.reference_policy is not None, "start() first"
-        self._observed.update_prices(obs.prices, self._ctx.markets[0])
         self._observed.update_arrivals(obs.arrivals)
         self._seen_telemetry |= obs.telemetry.height > 0
         self._seen_arrivals |= obs.arrivals.height > 0
@@ -211,7 +181,7 @@ class AureliusPolicy(Policy):
     def _decide(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
                 other_refs: tuple[Plan, ...] = (), forced_fallback: str | None = None) -> Plan:
         assert self.forecast_provider is not None
-        missing = self._missing_inputs()
+        missing = self._missing_inputs(as_of)
         forecasts: tuple[DisturbanceForecast, ...] = ()
         if not missing:
             try:
@@ -228,14 +198,23 @@ class AureliusPolicy(Policy):
         self._previous = plan
         return plan
 
-    def _missing_inputs(self) -> tuple[str, ...]:
+    def _missing_inputs(self, as_of: datetime) -> tuple[str, ...]:
         """On a fresh start, what has not been delivered yet (the first market's price, GPU telemetry, request
         arrivals); () once all have, and always after a start with history."""
-        assert self._ctx is not None
+        assert self._ctx is not None and self.world_model is not None
         if not self._fresh:
             return ()
-        return missing_inputs(self._ctx.markets[0], price=bool(self._observed.prices),
+        price = self.world_model.prices(self._ctx.markets[0], as_of).height > 0
+        return missing_inputs(self._ctx.markets[0], price=price,
                               telemetry=self._seen_telemetry, arrivals=self._seen_arrivals)
+
+    def _price_history(self, as_of: datetime, days: float = 7.0) -> tuple[float, ...]:
+        """Published prices of the first market's intervals starting in the `days` (days) before as_of ($/MWh)."""
+        assert self._ctx is not None and self.world_model is not None
+        p = self.world_model.prices(self._ctx.markets[0], as_of)
+        recent = p.filter((pl.col("interval_start") >= as_of - timedelta(days=days))
+                          & (pl.col("interval_start") < as_of))
+        return tuple(float(v) for v in recent["lmp_usd_mwh"])
 
     def _without_inputs(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
                         missing: tuple[str, ...]) -> Plan:
@@ -335,7 +314,7 @@ class AureliusPolicy(Policy):
         assert self._ctx is not None and self._previous is not None
         inp = GenerationInputs(
             fleet=self._ctx.fleet, space=space, reference=ref_plan, previous=self._previous,
-            forecasts=forecasts, price_history_usd_mwh=self._observed.price_history(as_of),
+            forecasts=forecasts, price_history_usd_mwh=self._price_history(as_of),
             tpot_slo_s=self._observed.tpot_slo_s, admission=schedule.admission() if schedule else None,
             swap_budget=self.gate_config.swap_budget, risk_aversion=self.risk_aversion,
             deferrable_release_rps=schedule.release[0] / forecasts[0].period_s if schedule else None,

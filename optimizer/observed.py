@@ -1,17 +1,16 @@
-"""What the optimizer itself keeps from the observation stream: published prices (for the price regime),
-tenants with their models and allowed regions (residency and precision gates), deadline slack of deferrable
-work and the TPOT SLO per model (deferral LP and sizing). Only records already delivered are read."""
+"""What the optimizer itself keeps from the observation stream: tenants with their models and allowed regions
+(residency and precision gates), deadline slack of deferrable work and the TPOT SLO per model (deferral LP and
+sizing). Only records already delivered are read. Prices are not kept here: the world state holds them
+(`WorldModelPort.prices`)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 
 import polars as pl
 
 from optimizer.gates import Tenant
-from schemas.availability import market_rows
 
 #: Until deferrable arrivals are observed, assume the shortest slack the operator promises (s; modeled).
 DEFAULT_DEADLINE_SLACK_S = 1800.0
@@ -21,24 +20,14 @@ DEFAULT_DEADLINE_SLACK_S = 1800.0
 class ObservedState:
     """Running summaries of delivered observations.
 
-    prices : (interval_start, lmp $/MWh) of published prices; deadline_slack_s : deadline - arrival of
-    deferrable requests seen (s); tpot_slo_s : tightest interactive TPOT SLO per model (s).
+    deadline_slack_s : deadline - arrival of deferrable requests seen (s); tpot_slo_s : tightest interactive
+    TPOT SLO per model (s).
     """
 
-    prices: dict[datetime, float] = field(default_factory=dict)
     tenant_models: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     tenant_regions: dict[str, tuple[str, ...]] = field(default_factory=dict)
     deadline_slack_s: list[float] = field(default_factory=list)
     tpot_slo_s: dict[str, float] = field(default_factory=dict)
-
-    def update_prices(self, frame: pl.DataFrame, market: str) -> None:
-        """Add `market`'s price records (interval_start, lmp_usd_mwh); a later record of the same hour replaces
-        it. The regime reads the first market's price (the window's); other sites' prices reach the planner
-        through the forecast."""
-        if frame.height == 0 or "lmp_usd_mwh" not in frame.columns:
-            return
-        for at, v in market_rows(frame, market).select("interval_start", "lmp_usd_mwh").iter_rows():
-            self.prices[at] = float(v)
 
     def update_arrivals(self, frame: pl.DataFrame) -> None:
         """Learn tenants, allowed regions, deferrable deadline slack and TPOT SLOs from request arrivals."""
@@ -69,11 +58,6 @@ class ObservedState:
         """Tenants seen so far with their models and allowed regions."""
         return {t: Tenant(tuple(sorted(ms)), self.tenant_regions.get(t, ()))
                 for t, ms in sorted(self.tenant_models.items())}
-
-    def price_history(self, as_of: datetime, days: float = 7.0) -> tuple[float, ...]:
-        """Published prices of intervals starting in the `days` (days) before as_of ($/MWh)."""
-        lo = as_of - timedelta(days=days)
-        return tuple(v for at, v in sorted(self.prices.items()) if lo <= at < as_of)
 
     def slack_quantiles(self, qs: tuple[float, ...] = (0.1, 0.5, 0.9)) -> tuple[float, ...]:
         """Quantiles of deferrable deadline slack (s); the default slack when none was observed."""

@@ -46,6 +46,13 @@ _KIND_OF = {
 }
 
 
+_PRICES_SQL = """
+SELECT interval_start, arg_max(lmp_usd_mwh, coalesce(arrived_at, published_at)) AS lmp_usd_mwh
+FROM price WHERE market = $market AND coalesce(arrived_at, published_at) <= $as_of AND lmp_usd_mwh IS NOT NULL
+GROUP BY interval_start ORDER BY interval_start
+"""
+
+
 class WorldStateModel:
     """`WorldModelPort` over a `WorldState` with per-period self-calibration.
 
@@ -132,6 +139,13 @@ class WorldStateModel:
         if self._snap is None or self._snap.as_of != as_of:  # one state query per decision, however many asks
             self._snap = snapshot(self.state, as_of, inventory=self._ctx.fleet.inventory())
         return self._snap
+
+    def prices(self, market: str, as_of: datetime) -> pl.DataFrame:
+        """`market`'s prices published by `as_of` (interval_start, lmp_usd_mwh $/MWh), the latest publication of
+        each interval, by interval."""
+        assert self.state is not None, "start() first"
+        frame = self.state.frame(_PRICES_SQL, {"market": market, "as_of": as_of})
+        return frame.with_columns(pl.col("interval_start").dt.convert_time_zone("UTC"))
 
     def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
         """Warm + loading replicas per (site, model, gpu) as of `as_of`, from the state."""

@@ -111,12 +111,23 @@ class FakeWorld:
 
     def __init__(self) -> None:
         self.evaluations = 0
+        self._prices: dict[datetime, float] = {}
 
     def start(self, ctx: PolicyContext, history: History) -> None:
-        pass
+        self._prices = {}
+        self._add(history.prices)
 
     def update(self, obs: Observations) -> None:
-        pass
+        self._add(obs.prices)
+
+    def _add(self, frame: pl.DataFrame) -> None:
+        if frame.height:
+            self._prices.update(dict(frame.select("interval_start", "lmp_usd_mwh").iter_rows()))
+
+    def prices(self, market: str, as_of: datetime) -> pl.DataFrame:
+        rows = sorted(self._prices.items())
+        return pl.DataFrame({"interval_start": [a for a, _ in rows], "lmp_usd_mwh": [v for _, v in rows]},
+                            schema={"interval_start": pl.Datetime("us", "UTC"), "lmp_usd_mwh": pl.Float64})
 
     def evaluator(self, as_of: datetime, f: DisturbanceForecast,
                   in_force: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:

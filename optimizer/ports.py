@@ -1,0 +1,52 @@
+"""The two ports the Aurelius policy is injected with: the forecasts and the world model.
+
+Real components: optimizer/forecast_adapter.py and optimizer/world_adapter.py; tests use fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Protocol
+
+import polars as pl
+
+from schemas.forecast import DisturbanceForecast, PredictedOutcome
+from schemas.plan import Plan
+from schemas.policy import History, Observations, PolicyContext
+from worldmodel.servingmodel import ServingModel
+
+
+class ForecastProvider(Protocol):
+    """Forecasts the disturbances of the coming periods using only what was delivered by `as_of`."""
+
+    def start(self, ctx: PolicyContext, history: History) -> None: ...
+
+    def update(self, obs: Observations) -> None: ...
+
+    def forecast(self, as_of: datetime, periods: int) -> tuple[DisturbanceForecast, ...]: ...
+
+
+class WorldModelPort(Protocol):
+    """The world model as the optimizer uses it: state updates and a read-only evaluator per decision."""
+
+    def start(self, ctx: PolicyContext, history: History) -> None: ...
+
+    def update(self, obs: Observations) -> None: ...
+
+    def evaluator(self, as_of: datetime, forecast: DisturbanceForecast,
+                  in_force: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
+        """A read-only scorer of plans for the period starting at `as_of`; `in_force` is the plan the runtime
+        runs now (its floors hold replicas a new plan may release)."""
+        ...
+
+    def serving(self) -> ServingModel: ...
+
+    def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
+        """Warm + loading replicas per (site, model, gpu) as of `as_of` ({} when unknown)."""
+        ...
+
+    def prices(self, market: str, as_of: datetime) -> pl.DataFrame:
+        """`market`'s price records published by `as_of` (interval_start, lmp_usd_mwh $/MWh), by interval: the
+        one price store the policy reads (the world state's)."""
+        ...
