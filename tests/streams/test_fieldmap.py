@@ -9,7 +9,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from schemas import SchemaError, validate
-from streams.fieldmap import FieldMap, FieldMapError, convert, fold_telemetry, price_published_at
+from streams.fieldmap import FieldMap, FieldMapError, fold_telemetry, price_published_at
+from streams.units import convert
 
 ARRIVED = datetime(2023, 7, 1, 13, 0, 1, tzinfo=UTC)
 TS = "2023-07-01T13:00:00Z"
