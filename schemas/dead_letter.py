@@ -10,14 +10,20 @@ The headers carry both conventions operators already tool for (CONVENTIONS.md se
 
 Publish either ``value()`` (the dead_letter JSON record, original base64 inside) or, Connect style,
 ``original`` itself as the value; the headers are the same.
+
+Size: a dead letter must fit the producer's request limit (1 MB by default) or its send fails and the
+worker stops. The reason is cut to ``MAX_REASON_CHARS``; with ``max_bytes`` set, a dead letter whose value
+and headers would exceed it keeps only the first bytes of the original that fit, plus the original's length
+and SHA-256 (`DeadLetterRecord.original_length`, `.original_sha256`; absent when the original is whole).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from schemas import SchemaError
@@ -38,6 +44,14 @@ STAGES = frozenset(
 )
 
 
+#: Longest reason kept (characters); it goes into the value and twice into the headers.
+MAX_REASON_CHARS = 1000
+
+
+def _size(value: bytes, headers: list[tuple[str, bytes]]) -> int:
+    return len(value) + sum(len(k) + len(v) for k, v in headers)
+
+
 def exception_fqcn(exc: BaseException) -> str:
     """Fully qualified class name of ``exc``, e.g. ``schemas.SchemaError`` (builtins unqualified)."""
     cls = type(exc)
@@ -50,8 +64,9 @@ class DeadLetter:
 
     Attributes
     ----------
-    record : the dead_letter wire record (original value base64-encoded).
-    original : the original record value, byte-exact (None for a tombstone).
+    record : the dead_letter wire record (original value base64-encoded; a prefix of it when
+        ``record.truncated``).
+    original : the original record value, byte-exact and whole (None for a tombstone).
     headers : Kafka headers, Spring and Connect conventions, in that order.
     """
 
@@ -71,6 +86,7 @@ class DeadLetter:
         *,
         failed_at: datetime | None = None,
         stage: str = "VALUE_CONVERTER",
+        max_bytes: int | None = None,
     ) -> DeadLetter:
         """Build the dead letter of one consumed record.
 
@@ -82,6 +98,8 @@ class DeadLetter:
         reason : human-readable reason naming the field; defaults to the exception's.
         failed_at : when it failed (tz-aware); defaults to now (UTC).
         stage : Kafka Connect stage that failed (``STAGES``); validation is ``VALUE_CONVERTER``.
+        max_bytes : bound on ``len(value())`` plus the headers' names and values (bytes); over it, the
+            record keeps the first bytes of the original that fit, with its length and SHA-256. None: no bound.
         """
         if stage not in STAGES:
             raise ValueError(f"unknown Connect stage {stage!r}; one of {sorted(STAGES)}")
@@ -90,6 +108,8 @@ class DeadLetter:
         if reason is None:
             reason = exception.reason if isinstance(exception, SchemaError) else str(exception)
         reason = reason or exception_fqcn(exception)
+        if len(reason) > MAX_REASON_CHARS:
+            reason = f"{reason[:MAX_REASON_CHARS]}... ({len(reason)} chars)"
         fqcn = exception_fqcn(exception)
         record = DeadLetterRecord(
             reason=reason,
@@ -114,7 +134,20 @@ class DeadLetter:
             ("__connect.errors.exception.message", message),
             ("__connect.errors.stage", stage.encode()),
         ]
-        return cls(record=record, original=raw, headers=headers)
+        dl = cls(record=record, original=raw, headers=headers)
+        if max_bytes is not None and raw and _size(dl.value(), headers) > max_bytes:
+            dl = dl._truncated(max_bytes)
+        return dl
+
+    def _truncated(self, max_bytes: int) -> DeadLetter:
+        """This dead letter with the original cut to the longest prefix that keeps it within `max_bytes`."""
+        raw = self.original or b""
+        rec = replace(self.record, original_value_b64="", original_length=len(raw),
+                      original_sha256=hashlib.sha256(raw).hexdigest())
+        room = max_bytes - _size(DeadLetter(rec, raw, self.headers).value(), self.headers)
+        keep = max(0, room // 4 * 3)  # base64: 4 characters per 3 bytes
+        rec = replace(rec, original_value_b64=base64.b64encode(raw[:keep]).decode("ascii"))
+        return DeadLetter(rec, raw, self.headers)
 
     def value(self) -> bytes:
         """The dead_letter record as compact UTF-8 JSON (the value to publish on the dead-letter topic)."""
@@ -122,5 +155,5 @@ class DeadLetter:
 
 
 def original_bytes(record: DeadLetterRecord) -> bytes:
-    """Recover the original value, byte-exact, from a dead_letter record."""
+    """Recover the original value, byte-exact, from a dead_letter record (its first bytes if truncated)."""
     return base64.b64decode(record.original_value_b64, validate=True)

@@ -5,6 +5,11 @@ field sets, required-ness and that every ``to_wire()`` validates). On the wire t
 strings with microseconds (``2023-07-01T13:00:00.000000Z``); in Python they are tz-aware ``datetime``; in
 frames polars ``Datetime("us", "UTC")``. ``schema_version`` is implied by the class and written by
 ``to_wire``.
+
+Storage: the frames are what the world model stores (`frame_schema`); a record class names the integer
+fields its DuckDB table keeps as 32-bit ``INTEGER`` (``STORED_INT32``), and `stored_schema` gives the
+narrowest type each field must fit, which `schemas.validator` enforces (integers within the type's range,
+floats finite), so a record that validates can always be stored.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any, ClassVar, Self, get_args, get_origin, get_type_hints
 
 import polars as pl
 
-from schemas import SCHEMA_VERSION, SchemaError, validator
+from schemas import SCHEMA_VERSION, SchemaError, load, validator
 from schemas.protocol import RequestClass
 from schemas.timestamps import ts_from_wire, ts_to_wire
 
@@ -73,6 +78,8 @@ class WireRecord:
 
     __slots__ = ()
     KIND: ClassVar[str]
+    #: integer fields the world model's DuckDB table stores as 32-bit INTEGER (worldmodel/state/migrations.py)
+    STORED_INT32: ClassVar[frozenset[str]] = frozenset()
     _codecs: ClassVar[tuple[tuple[str, Callable[[Any], Any], Callable[[Any], Any], pl.DataType], ...]]
 
     def __init_subclass__(cls, kind: str = "", **kwargs: Any) -> None:
@@ -97,15 +104,20 @@ class WireRecord:
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any], *, validate: bool = True) -> Self:
-        """Build the record from its wire dict; ``validate`` checks the schema first (SchemaError if not)."""
+        """Build the record from its wire dict; ``validate`` checks the schema first (SchemaError if not).
+
+        An optional field absent from the wire dict takes its default.
+        """
         if validate:
             validator(cls.KIND)(dict(wire))
-        return cls(**{name: inn(wire[name]) for name, _, inn, _ in cls.codecs()})
+        return cls(**{name: inn(wire[name]) for name, _, inn, _ in cls.codecs() if name in wire})
 
 
 @dataclass(frozen=True, slots=True)
 class RequestArrival(WireRecord, kind="request_arrival"):
     """A request at arrival; no output length (known only at completion). SLAs in ms, None if deferrable."""
+
+    STORED_INT32 = frozenset({"input_tokens"})
 
     request_id: str
     event_at: datetime
@@ -125,6 +137,8 @@ class RequestArrival(WireRecord, kind="request_arrival"):
 @dataclass(frozen=True, slots=True)
 class RequestCompletion(WireRecord, kind="request_completion"):
     """A finished request: tokens, instants, latencies (s) and its SLA outcome."""
+
+    STORED_INT32 = frozenset({"input_tokens", "output_tokens", "cached_input_tokens"})
 
     request_id: str
     event_at: datetime
@@ -149,6 +163,8 @@ class RequestCompletion(WireRecord, kind="request_completion"):
 @dataclass(frozen=True, slots=True)
 class GpuTelemetry(WireRecord, kind="gpu_telemetry"):
     """One GPU sample, DCGM names and units (W, mJ, MHz, %, MiB, C); None = not reported in this sample."""
+
+    STORED_INT32 = frozenset({"gpu", "num_requests_running", "num_requests_waiting"})
 
     event_at: datetime
     arrived_at: datetime
@@ -189,6 +205,8 @@ class Price(WireRecord, kind="price"):
 class FleetEvent(WireRecord, kind="fleet_event"):
     """A replica lifecycle or configuration change (clock in MHz, batch cap in sequences)."""
 
+    STORED_INT32 = frozenset({"tp", "max_batch"})
+
     event_at: datetime
     arrived_at: datetime
     site: str
@@ -205,7 +223,12 @@ class FleetEvent(WireRecord, kind="fleet_event"):
 
 @dataclass(frozen=True, slots=True)
 class DeadLetterRecord(WireRecord, kind="dead_letter"):
-    """A failed record: the original value byte-exact (base64 on the wire), where it came from, and why."""
+    """A failed record: the original value byte-exact (base64 on the wire), where it came from, and why.
+
+    When the whole original would make the dead letter too large to publish, `original_value_b64` holds
+    its first bytes only and `original_length` (bytes) and `original_sha256` (hex) describe the whole;
+    both are None (and left out of the wire dict) when the original is complete.
+    """
 
     reason: str
     original_value_b64: str
@@ -214,6 +237,20 @@ class DeadLetterRecord(WireRecord, kind="dead_letter"):
     source_offset: int
     failed_at: datetime
     error_class: str
+    original_length: int | None = None
+    original_sha256: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        """Whether `original_value_b64` holds only a prefix of the original."""
+        return self.original_length is not None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The wire dict; the truncation fields only when set (a complete dead letter is v1 as it was)."""
+        wire = WireRecord.to_wire(self)
+        if self.original_length is None and self.original_sha256 is None:
+            del wire["original_length"], wire["original_sha256"]
+        return wire
 
 
 #: The typed record class of each fixed-shape kind.
@@ -235,6 +272,28 @@ def _record_type(kind: str) -> type[WireRecord]:
 def frame_schema(kind: str) -> dict[str, pl.DataType]:
     """The polars schema of a ``kind`` frame (timestamps ``Datetime("us", "UTC")``), in wire field order."""
     return {name: dtype for name, _, _, dtype in _record_type(kind).codecs()}
+
+
+def stored_schema(kind: str) -> dict[str, pl.DataType]:
+    """The type each field of `kind` is stored as: `frame_schema`, with the ``STORED_INT32`` fields as Int32.
+
+    A value must fit it to be stored: Int32/Int64 within the type's range (list items too), Float64 finite.
+    """
+    cls = _record_type(kind)
+    return {name: pl.Int32 if name in cls.STORED_INT32 else dtype for name, dtype in frame_schema(kind).items()}
+
+
+def int_range(dtype: pl.DataType) -> tuple[int, int] | None:
+    """(min, max) of an integer storage type (Int32, Int64), else None.
+
+    >>> int_range(pl.Int32)
+    (-2147483648, 2147483647)
+    """
+    if dtype == pl.Int32:
+        return -(2**31), 2**31 - 1
+    if dtype == pl.Int64:
+        return -(2**63), 2**63 - 1
+    return None
 
 
 def frame_to_wire(kind: str, df: pl.DataFrame, *, validate: bool = True) -> list[dict[str, Any]]:
@@ -267,6 +326,9 @@ def frame_to_wire(kind: str, df: pl.DataFrame, *, validate: bool = True) -> list
         else:
             exprs.append(pl.col(name))
     rows = df.select(pl.lit(SCHEMA_VERSION).alias("schema_version"), *exprs).to_dicts()
+    optional = set(schema) - set(load(kind)["required"])  # left out when null, as `to_wire` does
+    if optional:
+        rows = [{k: v for k, v in row.items() if v is not None or k not in optional} for row in rows]
     if validate:
         _validate_rows(kind, rows)
     return rows
@@ -286,7 +348,7 @@ def wire_to_frame(kind: str, rows: Iterable[Mapping[str, Any]], *, validate: boo
         _validate_rows(kind, rows)
     schema = frame_schema(kind)
     raw = {n: pl.String if isinstance(d, pl.Datetime) else d for n, d in schema.items()}
-    df = pl.DataFrame([{n: r[n] for n in schema} for r in rows], schema=raw, orient="row")
+    df = pl.DataFrame([{n: r.get(n) for n in schema} for r in rows], schema=raw, orient="row")
     return df.with_columns(
         pl.col(n).str.to_datetime(_PARSE_TS, time_unit="us", time_zone="UTC")
         for n, d in schema.items()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,6 +38,19 @@ class WorkerSettings(BaseSettings):
         match `aurelius replay` for the same data and seed; period 0 starts at the window start.
     year, window_rule, window_periods, seed : the replay window of `history_from_replay` (`aurelius replay`
         --year, --window-rule, --periods (count), --seed); `start` of the worker (--start) overrides the rule.
+    max_record_bytes : a record value longer than this is dead-lettered unread (bytes; 256 KiB, a quarter
+        of Kafka's default 1 MiB message limit; the records of the contract are under 10 KiB).
+    dead_letter_max_bytes : bound on a dead letter's value plus headers (bytes; 512 KiB, under the producer's
+        1 MB request limit); a larger one keeps the first bytes of the original with its length and SHA-256.
+        The default is above what a `max_record_bytes` record's dead letter needs, so only a record that was
+        refused for its size is ever truncated.
+    history_span_s : a record whose clock time is earlier than the stream's origin minus this is dead-lettered
+        (s; 8 days: the 7-day history before a replay window, plus the day-ahead prices published the day
+        before). Never compared with the wall clock, so replays of old data work.
+    max_ahead_s : a record whose clock time is more than this ahead of the stream's clock (the largest clock
+        time accepted over all input partitions, or the origin if later) is dead-lettered (s; 1 day).
+    max_close_periods : at most this many periods close per micro-batch (2016: 7 days of 5-minute periods);
+        the rest close in the following batches (an idle poll is a batch).
     """
 
     model_config = SettingsConfigDict(env_prefix="AURELIUS_", extra="ignore")
@@ -62,3 +76,8 @@ class WorkerSettings(BaseSettings):
     window_rule: str = "max"
     window_periods: int | None = None
     seed: int = 0
+    max_record_bytes: int = Field(262_144, ge=1024)
+    dead_letter_max_bytes: int = Field(524_288, ge=16_384)
+    history_span_s: float = Field(8 * 86_400.0, gt=0)
+    max_ahead_s: float = Field(86_400.0, gt=0)
+    max_close_periods: int = Field(2016, ge=1)
