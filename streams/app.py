@@ -26,6 +26,7 @@ import faust
 from schemas.timestamps import ts_from_wire
 from schemas.topics import Topics
 from sinks.base import AuditSink
+from streams.clock import Gap
 from streams.decide import Decider, DecisionInput
 from streams.ingest import IngestBatch, Ingestor
 from streams.pipeline import Inbound, Outbound, Pipeline
@@ -63,6 +64,7 @@ class Worker:
         self.decision_latency_s: list[float] = []
         self._inflight: asyncio.Task[None] | None = None
         self._recovered = False
+        self._gap_of: dict[int, Gap] = {}
 
     async def handle(self, records: Sequence[Inbound]) -> None:
         """Process one micro-batch end to end (publish dead letters, commit, decide) and wait for it."""
@@ -84,7 +86,13 @@ class Worker:
             self._recovered = True
             await self.publish_outbox()
         res = self.pipeline.step(records, active)
-        due = [p for p in res.due if p > self.scheduled_through]
+        # a gap in the stream (periods closed without a record) gets one 'no data' decision, its last
+        skip: set[int] = set()
+        for gap in res.gaps:
+            *quiet, last = gap.decisions
+            skip.update(quiet)
+            self._gap_of[last] = gap
+        due = [p for p in res.due if p > self.scheduled_through and p not in skip]
         if due:
             self.scheduled_through = due[-1]
         await asyncio.gather(*(self.send(o) for o in res.dead_letters))
@@ -138,6 +146,9 @@ class Worker:
         observations, late = await asyncio.to_thread(self.ingestor.observations, period)
         inp = DecisionInput(period, clock.start_of(period), observations, late)
         record = await asyncio.to_thread(self.decider.decide, inp)
+        gap = self._gap_of.pop(period, None)
+        if gap is not None:  # the decisions it stands for are not made (the decided mark passes them)
+            record["gap"] = {"first_period": gap.first, "last_period": gap.last, "decisions_skipped": gap.periods - 1}
         record = await asyncio.to_thread(self.ingestor.record_decision, period, record)
         log.info("decision period=%d id=%s late=%d", period, record["decision_id"], late)
 

@@ -92,3 +92,19 @@ def test_a_crash_while_publishing_leaves_one_record_per_decision(tmp_path, recor
     assert sorted(r["decision_id"] for r in local) == sorted(set(ids))  # the local log: exactly one each
     assert ing.unpublished() == []
     ing.close()
+
+
+def test_a_gap_in_the_stream_gets_one_decision_not_one_per_period(tmp_path, records):
+    topics, ing, worker, sent, audit = _worker(tmp_path / "s.duckdb", "run")
+    asyncio.run(worker.handle(_arrivals(topics, records, 4)))  # 0-90 s: period 0 open, one minute periods
+    later = records.arrival("late-burst", records.T0 + timedelta(hours=10))  # 600 quiet periods, then a record
+    t = topics.for_kind("request_arrival").name
+    asyncio.run(worker.handle([Inbound(t, 0, 4, json.dumps(later).encode())]))
+    got = [json.loads(o.value) for o in sent]
+    gaps = [r for r in got if r.get("gap")]
+    assert len(got) < 10 and len(gaps) == 1  # not ~600 decisions
+    g = gaps[0]["gap"]
+    assert g["decisions_skipped"] == g["last_period"] - g["first_period"] > 500
+    assert gaps[0]["period_index"] == g["last_period"] + 1
+    assert ing.load_state().decided_through == max(r["period_index"] for r in got)
+    ing.close()
