@@ -5,8 +5,9 @@ Parquet audit log, and a file standing in for the audit topic) in a child proces
 random time, restarts it to completion, and compares with an uninterrupted run: every decision id exactly once
 in the Parquet log, with the uninterrupted run's plan, and every id on the "topic" (a duplicate allowed there).
 The decider is deterministic in the records its period holds, so a decision re-made after a crash equals the
-first. Prints a table (phase killed in, rows, duplicates on the topic) and exits 1 on any lost, duplicated or
-differing row.
+first. Kill times are drawn between the reference run's first batch and its end. Prints a table (the phase the
+child was in: `batch` = ingesting a batch or making its decisions, `published` = right after publishing a
+decision; rows; duplicates on the topic) and exits 1 on any lost, duplicated or differing row.
 
     python benchmarks/sigkill_trials.py --trials 20            # the full run (minutes)
     python benchmarks/sigkill_trials.py --trials 3 --json OUT  # what tests/streams/test_sigkill.py runs
@@ -107,17 +108,21 @@ def audit_rows(d: Path) -> list[dict]:
     return [r for f in sorted((d / "audit").glob("audit-*.parquet")) for r in pq.read_table(f).to_pylist()]
 
 
-def run_child(d: Path, n: int, periods: int, kill_after_s: float | None) -> str:
-    """Run one child to completion, or SIGKILL it after `kill_after_s` (s); return its last progress line."""
+def run_child(d: Path, n: int, periods: int, kill_after_s: float | None) -> tuple[str, float, float]:
+    """Run one child to completion, or SIGKILL it after `kill_after_s` (s); return its last progress line and,
+    for a full run, when its first batch started and when it finished (s after launch)."""
+    t0 = time.monotonic()
     p = subprocess.Popen([sys.executable, __file__, "--child", str(d), str(n), str(periods)],
                          stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    last = "started"
+    last, first_batch = "started", 0.0
     if kill_after_s is None:
         for line in p.stdout:  # type: ignore[union-attr]
             last = line.strip()
+            if not first_batch and last.startswith("batch"):
+                first_batch = time.monotonic() - t0
         if p.wait() != 0:
             raise RuntimeError(f"child failed: {last}")
-        return last
+        return last, first_batch, time.monotonic() - t0
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(x.strip() for x in p.stdout), daemon=True)  # type: ignore[union-attr]
     reader.start()
@@ -125,11 +130,12 @@ def run_child(d: Path, n: int, periods: int, kill_after_s: float | None) -> str:
     p.send_signal(signal.SIGKILL)
     p.wait()
     reader.join(5)
-    return lines[-1] if lines else "started"
+    return (lines[-1] if lines else "started"), 0.0, 0.0
 
 
 def phase(line: str) -> str:
-    return {"started": "start-up", "batch": "ingestion", "published": "decisions", "done": "finished"}.get(
+    """The phase a progress line starts: a batch's ingestion and its decisions, after a publication, done."""
+    return {"started": "start-up", "batch": "batch", "published": "published", "done": "finished"}.get(
         line.split(" ")[0], line)
 
 
@@ -137,17 +143,15 @@ def trials(k: int, n: int, periods: int, seed: int, work: Path) -> dict:
     """`k` kill-and-restart trials against one uninterrupted reference run."""
     ref_dir = work / "reference"
     ref_dir.mkdir(parents=True)
-    t0 = time.monotonic()
-    run_child(ref_dir, n, periods, None)
-    span = time.monotonic() - t0
+    _, first_batch, span = run_child(ref_dir, n, periods, None)
     ref = {r["decision_id"]: r["chosen_plan"] for r in audit_rows(ref_dir)}
     rng = random.Random(seed)
     out = []
     for i in range(k):
         d = work / f"trial{i}"
         d.mkdir()
-        at = rng.uniform(0.1, 1.0) * span
-        killed_in = phase(run_child(d, n, periods, at))
+        at = rng.uniform(first_batch, span)  # while the worker runs: from its first batch to its end
+        killed_in = phase(run_child(d, n, periods, at)[0])
         run_child(d, n, periods, None)
         rows = audit_rows(d)
         ids = [r["decision_id"] for r in rows]
@@ -156,7 +160,8 @@ def trials(k: int, n: int, periods: int, seed: int, work: Path) -> dict:
                     "lost": len(set(ref) - set(ids)), "duplicated": len(ids) - len(set(ids)),
                     "differing": sum(ref.get(r["decision_id"]) != r["chosen_plan"] for r in rows),
                     "topic_missing": len(set(ref) - set(topic)), "topic_duplicates": len(topic) - len(set(topic))})
-    return {"decisions": len(ref), "reference_run_s": round(span, 1), "trials": out}
+    return {"decisions": len(ref), "reference_run_s": round(span, 1), "first_batch_s": round(first_batch, 1),
+            "trials": out}
 
 
 def main_trials() -> int:
@@ -169,7 +174,8 @@ def main_trials() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         res = trials(args.trials, args.records, args.periods, args.seed, Path(tmp))
-    print(f"{res['decisions']} decisions per run; reference run {res['reference_run_s']} s")
+    print(f"{res['decisions']} decisions per run; reference run {res['reference_run_s']} s, its first batch at "
+          f"{res['first_batch_s']} s (kills are drawn between the two)")
     print("trial  kill_s  killed_in   rows  lost  dup  differing  topic_missing  topic_dup")
     for t in res["trials"]:
         print(f"{t['trial']:5d} {t['kill_after_s']:7.2f}  {t['killed_in']:<10} {t['rows']:5d} {t['lost']:5d} "
