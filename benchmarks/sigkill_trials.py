@@ -1,16 +1,17 @@
 """SIGKILL trials of the worker's crash consistency (issue 18): one audit row per decision, the same plans.
 
 Each trial runs the Kafka worker's `Worker` (validation, DuckDB commit, decisions through the outbox, the
-Parquet audit log, and a file standing in for the audit topic) in a child process, SIGKILLs it at a seeded
-random time, restarts it to completion, and compares with an uninterrupted run: every decision id exactly once
+Parquet audit log, and a file standing in for the audit topic) in a child process, SIGKILLs it right after its
+k-th progress line (k seeded, drawn over an uninterrupted run's lines; where it dies in the work that follows
+is the race), restarts it to completion, and compares with the uninterrupted run: every decision id exactly once
 in the Parquet log, with the uninterrupted run's plan, and every id on the "topic" (a duplicate allowed there).
 The decider is deterministic in the records its period holds, so a decision re-made after a crash equals the
-first. Kill times are drawn between the reference run's first batch and its end. Prints a table (the phase the
-child was in: `batch` = ingesting a batch or making its decisions, `published` = right after publishing a
-decision; rows; duplicates on the topic) and exits 1 on any lost, duplicated or differing row.
+first. Prints a table (the phase the child was in: `batch` = ingesting a batch or making its decisions,
+`published` = right after publishing a decision; rows; duplicates on the topic) and exits 1 on any lost,
+duplicated or differing row.
 
     python benchmarks/sigkill_trials.py --trials 20            # the full run (minutes)
-    python benchmarks/sigkill_trials.py --trials 3 --json OUT  # what tests/streams/test_sigkill.py runs
+    python benchmarks/sigkill_trials.py --trials 2 --json OUT  # what tests/streams/test_sigkill.py runs
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -108,29 +107,22 @@ def audit_rows(d: Path) -> list[dict]:
     return [r for f in sorted((d / "audit").glob("audit-*.parquet")) for r in pq.read_table(f).to_pylist()]
 
 
-def run_child(d: Path, n: int, periods: int, kill_after_s: float | None) -> tuple[str, float, float]:
-    """Run one child to completion, or SIGKILL it after `kill_after_s` (s); return its last progress line and,
-    for a full run, when its first batch started and when it finished (s after launch)."""
-    t0 = time.monotonic()
+def run_child(d: Path, n: int, periods: int, kill_at_line: int | None) -> list[str]:
+    """Run one child to completion, or SIGKILL it as soon as it has printed `kill_at_line` progress lines (the
+    child runs on for a moment between its print and the signal: where exactly it dies is the race); return
+    the progress lines read."""
     p = subprocess.Popen([sys.executable, __file__, "--child", str(d), str(n), str(periods)],
                          stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    last, first_batch = "started", 0.0
-    if kill_after_s is None:
-        for line in p.stdout:  # type: ignore[union-attr]
-            last = line.strip()
-            if not first_batch and last.startswith("batch"):
-                first_batch = time.monotonic() - t0
-        if p.wait() != 0:
-            raise RuntimeError(f"child failed: {last}")
-        return last, first_batch, time.monotonic() - t0
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(x.strip() for x in p.stdout), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    time.sleep(kill_after_s)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    reader.join(5)
-    return (lines[-1] if lines else "started"), 0.0, 0.0
+    for line in p.stdout:  # type: ignore[union-attr]
+        lines.append(line.strip())
+        if kill_at_line is not None and len(lines) >= kill_at_line:
+            p.send_signal(signal.SIGKILL)
+            break
+    code = p.wait()
+    if kill_at_line is None and code != 0:
+        raise RuntimeError(f"child failed: {lines[-1:]}")
+    return lines
 
 
 def phase(line: str) -> str:
@@ -143,25 +135,24 @@ def trials(k: int, n: int, periods: int, seed: int, work: Path) -> dict:
     """`k` kill-and-restart trials against one uninterrupted reference run."""
     ref_dir = work / "reference"
     ref_dir.mkdir(parents=True)
-    _, first_batch, span = run_child(ref_dir, n, periods, None)
+    progress = len(run_child(ref_dir, n, periods, None))
     ref = {r["decision_id"]: r["chosen_plan"] for r in audit_rows(ref_dir)}
     rng = random.Random(seed)
     out = []
     for i in range(k):
         d = work / f"trial{i}"
         d.mkdir()
-        at = rng.uniform(first_batch, span)  # while the worker runs: from its first batch to its end
-        killed_in = phase(run_child(d, n, periods, at)[0])
+        at = rng.randint(1, progress - 1)  # somewhere in the run, by its own progress
+        killed_in = phase(run_child(d, n, periods, at)[-1])
         run_child(d, n, periods, None)
         rows = audit_rows(d)
         ids = [r["decision_id"] for r in rows]
         topic = [json.loads(x)["decision_id"] for x in (d / "topic.jsonl").read_bytes().splitlines()]
-        out.append({"trial": i, "kill_after_s": round(at, 2), "killed_in": killed_in, "rows": len(rows),
+        out.append({"trial": i, "killed_after_line": at, "killed_in": killed_in, "rows": len(rows),
                     "lost": len(set(ref) - set(ids)), "duplicated": len(ids) - len(set(ids)),
                     "differing": sum(ref.get(r["decision_id"]) != r["chosen_plan"] for r in rows),
                     "topic_missing": len(set(ref) - set(topic)), "topic_duplicates": len(topic) - len(set(topic))})
-    return {"decisions": len(ref), "reference_run_s": round(span, 1), "first_batch_s": round(first_batch, 1),
-            "trials": out}
+    return {"decisions": len(ref), "progress_lines": progress, "trials": out}
 
 
 def main_trials() -> int:
@@ -174,11 +165,10 @@ def main_trials() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         res = trials(args.trials, args.records, args.periods, args.seed, Path(tmp))
-    print(f"{res['decisions']} decisions per run; reference run {res['reference_run_s']} s, its first batch at "
-          f"{res['first_batch_s']} s (kills are drawn between the two)")
-    print("trial  kill_s  killed_in   rows  lost  dup  differing  topic_missing  topic_dup")
+    print(f"{res['decisions']} decisions per run; {res['progress_lines']} progress lines (kills drawn among them)")
+    print("trial  line  killed_in   rows  lost  dup  differing  topic_missing  topic_dup")
     for t in res["trials"]:
-        print(f"{t['trial']:5d} {t['kill_after_s']:7.2f}  {t['killed_in']:<10} {t['rows']:5d} {t['lost']:5d} "
+        print(f"{t['trial']:5d} {t['killed_after_line']:5d}  {t['killed_in']:<10} {t['rows']:5d} {t['lost']:5d} "
               f"{t['duplicated']:4d} {t['differing']:10d} {t['topic_missing']:14d} {t['topic_duplicates']:10d}")
     bad = [t for t in res["trials"] if t["lost"] or t["duplicated"] or t["differing"] or t["topic_missing"]]
     print(f"{len(res['trials'])} trials: {len(bad)} with a lost, duplicated or differing audit row")
