@@ -7,8 +7,9 @@ auto-creates topics picks its own partition count (Tansu: 4), and the record key
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
+
+from schemas.kafka_client import KafkaClientSettings, client_kwargs, close_client, start_client
 
 DEFAULT_PREFIX = "aurelius."
 
@@ -117,7 +118,8 @@ class Topics:
 
 
 async def ensure_topics(
-    bootstrap_servers: str, specs: tuple[TopicSpec, ...], timeout_s: float = 30.0
+    bootstrap_servers: str, specs: tuple[TopicSpec, ...], timeout_s: float = 30.0,
+    kafka: KafkaClientSettings | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet; return the names created.
 
@@ -125,12 +127,19 @@ async def ensure_topics(
     ----------
     bootstrap_servers : Kafka bootstrap servers, "host:port[,host:port]".
     specs : topics to create.
-    timeout_s : give up connecting after this long (s).
+    timeout_s : longest wait for one admin request (s).
+    kafka : security and start-up retry of the admin client (schemas.kafka_client); None: from env `KAFKA_*`.
+
+    Raises
+    ------
+    KafkaUnavailable : no broker answered within `kafka.startup_timeout_s` (one-line message).
     """
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000))
-    await asyncio.wait_for(admin.start(), timeout_s)
+    request_ms = int(timeout_s * 1000)
+    admin = await start_client(
+        lambda: AIOKafkaAdminClient(**client_kwargs(kafka, bootstrap_servers), request_timeout_ms=request_ms),
+        kafka, bootstrap_servers, "topic admin")
     try:
         existing = set(await admin.list_topics())
         todo = [s for s in specs if s.name not in existing]
@@ -144,4 +153,4 @@ async def ensure_topics(
             )
         return [s.name for s in todo]
     finally:
-        await admin.close()
+        await close_client(admin)

@@ -16,6 +16,7 @@ from typing import Any
 
 from schemas import SchemaError, decode
 from schemas.dead_letter import DeadLetter
+from schemas.kafka_client import KafkaClientSettings, client_kwargs, close_client, settings_from_args, start_client
 from schemas.topics import Topics, ensure_topics
 from sinks.audit_store import ParquetAuditStore
 from sinks.base import AuditSink, SinkBackpressureError
@@ -32,7 +33,8 @@ async def _add(store: AuditSink, record: dict[str, Any], offset: int) -> None:
 
 
 async def consume(bootstrap_servers: str, topics: Topics, store: AuditSink, group_id: str | None = None,
-                  stop: asyncio.Event | None = None, poll_ms: int = 500) -> int:
+                  stop: asyncio.Event | None = None, poll_ms: int = 500,
+                  kafka: KafkaClientSettings | None = None) -> int:
     """Consume the audit topic into `store` until `stop` is set; return audit records added.
 
     Parameters
@@ -44,19 +46,25 @@ async def consume(bootstrap_servers: str, topics: Topics, store: AuditSink, grou
         store already holds.
     stop : set it to stop after the current batch; None runs until cancelled.
     poll_ms : longest wait for a batch (ms).
+    kafka : security and start-up retry of the clients (schemas.kafka_client); None: env `KAFKA_*`. No broker
+        within its `startup_timeout_s` raises `KafkaUnavailable`.
     """
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-    await ensure_topics(bootstrap_servers, topics.all())
-    consumer = AIOKafkaConsumer(
-        topics.recommendations.name, bootstrap_servers=bootstrap_servers,
+    await ensure_topics(bootstrap_servers, topics.all(), kafka=kafka)
+    consumer = await start_client(lambda: AIOKafkaConsumer(
+        topics.recommendations.name, **client_kwargs(kafka, bootstrap_servers),
         group_id=group_id or f"{topics.prefix}audit-sink",
         enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6000,
         heartbeat_interval_ms=1000, rebalance_timeout_ms=6000,
-    )
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, enable_idempotence=False, acks="all")
-    await consumer.start()
-    await producer.start()
+    ), kafka, bootstrap_servers, "audit-sink consumer")
+    try:
+        producer = await start_client(
+            lambda: AIOKafkaProducer(**client_kwargs(kafka, bootstrap_servers), enable_idempotence=False, acks="all"),
+            kafka, bootstrap_servers, "dead-letter producer")
+    except BaseException:
+        await close_client(consumer)
+        raise
     stop = stop or asyncio.Event()
     added = 0
     try:
@@ -83,13 +91,15 @@ async def consume(bootstrap_servers: str, topics: Topics, store: AuditSink, grou
 
 
 def run(args: argparse.Namespace) -> int:
+    kafka = settings_from_args(args)
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         store = ParquetAuditStore(args.audit_dir)
-        n = await consume(args.bootstrap_servers, Topics(prefix=args.topic_prefix), store, stop=stop)
+        n = await consume(args.bootstrap_servers, Topics(prefix=args.topic_prefix), store, stop=stop, kafka=kafka)
         print(f"audit-sink: stopped after {n} audit records into {args.audit_dir}", flush=True)
 
     asyncio.run(main())

@@ -29,6 +29,15 @@ from sinks.base import AuditSink
 from streams.clock import Gap
 from streams.decide import Decider, DecisionInput
 from streams.ingest import IngestBatch, Ingestor
+from streams.kafka_link import (
+    BrokerLink,
+    InputConsumer,
+    connect_with_backoff,
+    faust_credentials,
+    install_repeat_filter,
+    publish_with_retry,
+    short_reason,
+)
 from streams.pipeline import Inbound, Outbound, Pipeline
 from streams.settings import WorkerSettings
 
@@ -172,17 +181,19 @@ def build_app(settings: WorkerSettings, worker_factory: Any) -> faust.App:
     the batch loop ~3. The consumer joins group `group_id`; on every assignment it seeks each partition to
     the position stored in DuckDB, so the durable state, not the broker's committed offsets, says where
     to resume (those are committed too, after each DuckDB commit, for lag monitoring). Audit records and
-    dead letters go out through faust's producer; stats are a faust timer.
+    dead letters go out through faust's producer (credentials from `settings.kafka`, as every other client);
+    stats are a faust timer, with the broker link's state under `kafka` (streams/kafka_link.py).
 
     Parameters
     ----------
-    settings : worker settings (broker, topics, timers, batch sizes).
+    settings : worker settings (broker, security, topics, timers, batch sizes).
     worker_factory : builds the `Worker` given the `send` coroutine.
     """
     topics = Topics(prefix=settings.topic_prefix)
     app = faust.App(
         f"{settings.group_id}.app",
         broker=[f"kafka://{b}" for b in settings.bootstrap_servers.split(",")],
+        broker_credentials=faust_credentials(settings.kafka),
         processing_guarantee="at_least_once",
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=settings.heartbeat_interval_s,
@@ -195,100 +206,105 @@ def build_app(settings: WorkerSettings, worker_factory: Any) -> faust.App:
         topic_allow_declare=False,
         datadir=str(Path(settings.db).resolve().parent / f".{settings.group_id}.faust"),
     )
-    out = {t.name: app.topic(t.name, key_type=bytes, value_type=bytes)
-           for t in (topics.dead_letters, topics.recommendations)}
 
-    async def send(o: Outbound) -> None:
-        fut = await out[o.topic].send(
-            key=o.key, value=o.value, headers=list(o.headers),
-            timestamp=None if o.timestamp_ms is None else o.timestamp_ms / 1000, force=True,
-        )
-        await fut
+    async def send_once(o: Outbound) -> None:  # faust's producer, awaited directly: a failure is one exception
+        await app.producer.send_and_wait(o.topic, o.key, o.value, partition=None, headers=list(o.headers),
+                                         timestamp=None if o.timestamp_ms is None else o.timestamp_ms / 1000)
+
+    async def send(o: Outbound) -> None:  # through an outage: retried with backoff (keyed, idempotent sinks)
+        await publish_with_retry(lambda: send_once(o), f"publish to {o.topic}", settings.reconnect_backoff_max_s)
 
     state: dict[str, Worker] = {}
+    link = BrokerLink(settings.bootstrap_servers)
 
     @app.task
     async def consume() -> None:
         worker = state.setdefault("w", worker_factory(send))
         await worker.decide(worker.pipeline.due_decisions())
-        await consume_loop(settings, topics, worker)
+        await consume_loop(settings, topics, worker, link=link)
 
     @app.timer(settings.stats_interval_s)
     async def report() -> None:
         if "w" in state:
-            print("aurelius.stats " + json.dumps(state["w"].stats()), flush=True)
+            print("aurelius.stats " + json.dumps({**state["w"].stats(), "kafka": link.snapshot()}), flush=True)
 
     return app
 
 
 async def consume_loop(settings: WorkerSettings, topics: Topics, worker: Worker,
-                       stop: asyncio.Event | None = None) -> None:
+                       stop: asyncio.Event | None = None, link: BrokerLink | None = None) -> None:
     """Poll the input topics in batches into `worker` until cancelled (or `stop` is set).
+
+    Each connection is a `streams.kafka_link.InputConsumer`: on every assignment it places each partition
+    at its stored position after checking it against the broker (a position the partition no longer has is
+    a reported gap, resumed from the earliest available offset); a lost broker closes it, and it is reopened
+    with exponential backoff (docs/streaming.md, "Broker faults").
 
     Parameters
     ----------
-    settings : bootstrap servers, group, timers and batch sizes.
+    settings : bootstrap servers, Kafka security, group, timers, batch sizes, probe interval and backoff.
     topics : the deployment's topics.
     worker : the per-batch driver.
     stop : set it to return after the current batch; None runs until cancelled.
+    link : the connection state the stats line reports; None: a new one.
     """
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-    from aiokafka.abc import ConsumerRebalanceListener
+    from aiokafka import TopicPartition
+    from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
     from aiokafka.structs import OffsetAndMetadata
 
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, group_id=settings.group_id,
-        enable_auto_commit=False, auto_offset_reset="earliest",
-        session_timeout_ms=int(settings.session_timeout_s * 1000),
-        heartbeat_interval_ms=int(settings.heartbeat_interval_s * 1000),
-        rebalance_timeout_ms=int(settings.rebalance_timeout_s * 1000),
-        max_poll_records=settings.batch_max_records, max_partition_fetch_bytes=16 * 1024 * 1024,
-        fetch_max_bytes=64 * 1024 * 1024,
-    )
-
-    class SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
-        async def on_partitions_revoked(self, revoked: Any) -> None:
-            await worker.drain()
-
-        async def on_partitions_assigned(self, assigned: Any) -> None:
-            for tp in assigned:
-                pos = worker.pipeline.state.positions.get((tp.topic, tp.partition))
-                if pos is not None:
-                    consumer.seek(tp, pos + 1)
-
-    consumer.subscribe([t.name for t in topics.inputs()], listener=SeekToStored())
-    await consumer.start()
     stop = stop or asyncio.Event()
-    last_commit = time.monotonic()
-    positions_seen: dict[tuple[str, int], int] = {}
+    link = link if link is not None else BrokerLink(settings.bootstrap_servers)
+    install_repeat_filter()
+    worker.pipeline.state.counts.setdefault("offset_gaps", 0)
     try:
         while not stop.is_set():
-            batches = await consumer.getmany(timeout_ms=int(settings.batch_max_s * 1000),
-                                             max_records=settings.batch_max_records)
-            received = time.monotonic()
-            records = [Inbound(m.topic, m.partition, m.offset, m.value, tuple(m.headers or ()))
-                       for msgs in batches.values() for m in msgs]
-            positions = worker.pipeline.state.positions
-            for m in records:
-                positions_seen[(m.topic, m.partition)] = m.offset
-            active = set()
-            for tp in consumer.assignment():
-                hw = consumer.highwater(tp)
-                key = (tp.topic, tp.partition)
-                if hw is None or max(positions.get(key, -1), positions_seen.get(key, -1)) + 1 < hw:
-                    active.add(key)
-            await worker.submit(records, received, active)  # an empty batch may still close periods
-            if time.monotonic() - last_commit > 1.0 and worker.committed:
-                last_commit = time.monotonic()
-                offsets = {TopicPartition(t, p): OffsetAndMetadata(o + 1, "")
-                           for (t, p), o in worker.committed.items() if TopicPartition(t, p) in consumer.assignment()}
-                if offsets:
+            session = await connect_with_backoff(lambda: InputConsumer(settings, topics, worker, link).open(),
+                                                 link, stop, settings.reconnect_backoff_max_s)
+            if session is None:
+                break
+            consumer = session.consumer
+            last_commit, commit_warned = time.monotonic(), -60.0
+            try:
+                while not stop.is_set() and session.lost is None:
+                    await session.settle()  # check the positions the last assignment placed
                     try:
-                        await consumer.commit(offsets)
-                    except Exception as exc:  # advisory only: DuckDB holds the positions that count
-                        log.warning("offset commit failed (DuckDB positions stand): %s", exc)
+                        batches = await consumer.getmany(timeout_ms=int(settings.batch_max_s * 1000),
+                                                         max_records=settings.batch_max_records)
+                    except OffsetOutOfRangeError as exc:  # Apache Kafka: a position left the log
+                        await session.out_of_range(exc.args[0])
+                        continue
+                    except NoOffsetForPartitionError as exc:  # no stored and no committed offset
+                        await consumer.seek_to_beginning(exc.args[0])
+                        continue
+                    received = time.monotonic()
+                    records = [Inbound(m.topic, m.partition, m.offset, m.value, tuple(m.headers or ()))
+                               for msgs in batches.values() for m in msgs]
+                    positions, seen = worker.pipeline.state.positions, session.seen
+                    for m in records:
+                        seen[(m.topic, m.partition)] = m.offset
+                    active = set()
+                    for tp in consumer.assignment():
+                        hw = consumer.highwater(tp)
+                        key = (tp.topic, tp.partition)
+                        if hw is None or max(positions.get(key, -1), seen.get(key, -1)) + 1 < hw:
+                            active.add(key)
+                    await worker.submit(records, received, active)  # an empty batch may still close periods
+                    if not records:
+                        await session.idle_check()
+                    if time.monotonic() - last_commit > 1.0 and worker.committed and session.lost is None:
+                        last_commit = time.monotonic()
+                        offsets = {TopicPartition(t, p): OffsetAndMetadata(o + 1, "")
+                                   for (t, p), o in worker.committed.items()
+                                   if TopicPartition(t, p) in consumer.assignment()}
+                        if offsets:
+                            try:
+                                await asyncio.wait_for(consumer.commit(offsets), 5.0)  # never stall the loop
+                            except Exception as exc:  # advisory only: DuckDB holds the positions that count
+                                if last_commit - commit_warned > 60.0:  # once a minute, not every second
+                                    commit_warned = last_commit
+                                    log.warning("offset commit failed (DuckDB positions stand): %s",
+                                                short_reason(exc))
+            finally:  # after `session.lost` (the watcher has reported it): reconnect with backoff
+                await session.close()
     finally:
-        try:
-            await asyncio.shield(worker.drain())
-        finally:
-            await consumer.stop()
+        await asyncio.shield(worker.drain())

@@ -34,12 +34,40 @@ def _window_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="workload seed")
 
 
+class _RefusePassword(argparse.Action):
+    """`--sasl-password`: refused without echoing the value (a password on the command line shows in `ps`)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        parser.error("--sasl-password is not accepted (it would show in the process list): set "
+                     "$KAFKA_SASL_PASSWORD or use --sasl-password-file")
+
+
 def _kafka_flags(p: argparse.ArgumentParser) -> None:
+    """Broker address, transport security and start-up retry of every Kafka command (unset: env `KAFKA_*`;
+    schemas/kafka_client.py). The SASL password has no flag (it would show in `ps`): $KAFKA_SASL_PASSWORD or
+    --sasl-password-file."""
     p.add_argument(
         "--bootstrap-servers",
         default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
         help="Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS, else localhost:9092)",
     )
+    g = p.add_argument_group("Kafka security (each flag defaults to its env variable $KAFKA_<NAME>)")
+    g.add_argument("--security-protocol", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+                   help="transport: PLAINTEXT (default), SSL (TLS), SASL_PLAINTEXT or SASL_SSL")
+    g.add_argument("--sasl-mechanism", choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+                   help="SASL mechanism (SASL_* protocols)")
+    g.add_argument("--sasl-username", help="SASL user (SASL_* protocols)")
+    g.add_argument("--sasl-password-file", metavar="PATH",
+                   help="file holding the SASL password (else $KAFKA_SASL_PASSWORD; no flag takes the password)")
+    g.add_argument("--sasl-password", nargs="?", action=_RefusePassword, help=argparse.SUPPRESS)
+    g.add_argument("--ssl-cafile", metavar="PATH", help="PEM CA bundle that signed the broker's certificate "
+                   "(default: the system's CAs; SSL and SASL_SSL)")
+    g.add_argument("--ssl-certfile", metavar="PATH", help="client certificate (PEM) for mutual TLS")
+    g.add_argument("--ssl-keyfile", metavar="PATH", help="client key (PEM) for mutual TLS "
+                   "(encrypted: $KAFKA_SSL_KEY_PASSWORD)")
+    g.add_argument("--kafka-startup-timeout-s", dest="startup_timeout_s", type=float,
+                   help="retry reaching the broker at start for this long, then exit 69 with one line (default 15)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,7 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module_name, func_name = args._run.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    return int(func(args) or 0)
+    from schemas.kafka_client import EXIT_CONFIG, EXIT_UNAVAILABLE, KafkaSettingsError, KafkaUnavailable
+
+    try:
+        return int(func(args) or 0)
+    except KafkaUnavailable as exc:  # one line, no traceback: the broker is down or refused us
+        print(f"aurelius {args.command}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_UNAVAILABLE
+    except KafkaSettingsError as exc:
+        print(f"aurelius {args.command}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from typing import Any
 
 import polars as pl
 
+from schemas.kafka_client import KafkaClientSettings, client_kwargs, settings_from_args, start_client
 from schemas.records import frame_to_wire
 from schemas.timestamps import ts_from_wire
 from schemas.topics import INPUT_KINDS, Topics, ensure_topics
@@ -132,17 +133,20 @@ def ordered(records: dict[str, list[dict[str, Any]]]) -> Iterator[Item]:
 
 
 async def publish(records: dict[str, list[dict[str, Any]]], bootstrap_servers: str, topics: Topics,
-                  speedup: float) -> int:
+                  speedup: float, kafka: KafkaClientSettings | None = None) -> int:
     """Produce every record to its kind's topic, paced at `speedup` (event s per wall s; <= 0: flat out).
 
-    Returns the number of records produced (each acknowledged by the broker).
+    Returns the number of records produced (each acknowledged by the broker). `kafka`: security and start-up
+    retry of the clients (schemas.kafka_client; None: env `KAFKA_*`); raises `KafkaUnavailable` when no
+    broker answers within its `startup_timeout_s`.
     """
     from aiokafka import AIOKafkaProducer
 
-    await ensure_topics(bootstrap_servers, topics.all())
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, enable_idempotence=False, acks="all",
-                                linger_ms=5, max_batch_size=256 * 1024)
-    await producer.start()
+    await ensure_topics(bootstrap_servers, topics.all(), kafka=kafka)
+    producer = await start_client(
+        lambda: AIOKafkaProducer(**client_kwargs(kafka, bootstrap_servers), enable_idempotence=False, acks="all",
+                                 linger_ms=5, max_batch_size=256 * 1024),
+        kafka, bootstrap_servers, "producer")
     n = 0
     try:
         wall0 = time.monotonic()
@@ -170,6 +174,7 @@ async def publish(records: dict[str, list[dict[str, Any]]], bootstrap_servers: s
 
 
 def run(args: argparse.Namespace) -> int:
+    kafka = settings_from_args(args)  # invalid settings fail before any data is loaded
     topics = Topics(prefix=args.topic_prefix)
     if args.from_dir:
         records = load_directory(args.from_dir)
@@ -177,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         start = datetime.fromisoformat(args.start.replace("Z", "+00:00")) if args.start else None
         records = bundled_prices(args.markets.split(","), args.year, args.window_rule, start, args.periods,
                                  args.period_minutes)
-    n = asyncio.run(publish(records, args.bootstrap_servers, topics, args.speedup))
+    n = asyncio.run(publish(records, args.bootstrap_servers, topics, args.speedup, kafka=kafka))
     kinds = ", ".join(f"{k}: {len(v)}" for k, v in records.items())
     print(f"published {n} records to {args.bootstrap_servers} ({kinds}) at speed-up {args.speedup}")
     return 0

@@ -7,6 +7,8 @@ import os
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.kafka_client import KafkaClientSettings, load_settings
+
 
 def default_bootstrap() -> str:
     """$KAFKA_BOOTSTRAP_SERVERS, else localhost:9092 (the command contract of issue 7)."""
@@ -51,6 +53,13 @@ class WorkerSettings(BaseSettings):
         time accepted over all input partitions, or the origin if later) is dead-lettered (s; 1 day).
     max_close_periods : at most this many periods close per micro-batch (2016: 7 days of 5-minute periods);
         the rest close in the following batches (an idle poll is a batch).
+    kafka : transport security and start-up retry of every Kafka client (schemas.kafka_client; env `KAFKA_*`
+        or the Kafka flags, not `AURELIUS_*`).
+    broker_probe_interval_s : how often the running worker asks the broker for metadata (s); two failures in a
+        row are an outage (streams/kafka_link.py).
+    reconnect_backoff_max_s : longest wait between two reconnect attempts during an outage (s).
+    offset_recheck_s : while idle, a partition whose stored position is past the end the broker reports is
+        checked again (confirming fetch included) at most this often (s).
     """
 
     model_config = SettingsConfigDict(env_prefix="AURELIUS_", extra="ignore")
@@ -81,3 +90,7 @@ class WorkerSettings(BaseSettings):
     history_span_s: float = Field(8 * 86_400.0, gt=0)
     max_ahead_s: float = Field(86_400.0, gt=0)
     max_close_periods: int = Field(2016, ge=1)
+    kafka: KafkaClientSettings = Field(default_factory=load_settings)
+    broker_probe_interval_s: float = Field(default=5.0, gt=0)
+    reconnect_backoff_max_s: float = Field(default=30.0, gt=0)
+    offset_recheck_s: float = Field(default=30.0, gt=0)

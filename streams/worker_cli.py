@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from schemas.kafka_client import settings_from_args as kafka_settings_from_args
 from schemas.protocol import CLASSES
 from schemas.topics import Topics, ensure_topics
 from sinks.audit_store import ParquetAuditStore
@@ -94,7 +95,8 @@ def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, d
     origin : start of period 0 (UTC); None: the stored one, else the first record's period.
     """
     topics = Topics(prefix=settings.topic_prefix)
-    asyncio.run(ensure_topics(settings.bootstrap_servers, topics.all()))
+    # start-up connection: bounded retry (settings.kafka.startup_timeout_s), then KafkaUnavailable (one line)
+    asyncio.run(ensure_topics(settings.bootstrap_servers, topics.all(), kafka=settings.kafka))
     field_map = None
     if settings.field_map:
         from streams.fieldmap import FieldMap
@@ -130,9 +132,10 @@ _OPTIONAL = ("period_s", "allowed_lateness_s", "group_id", "field_map", "history
 
 
 def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
-    """Command-line flags over env `AURELIUS_*` over defaults."""
+    """Command-line flags over env `AURELIUS_*` over defaults (Kafka security: flags over env `KAFKA_*`)."""
     given: dict[str, Any] = {k: getattr(args, k) for k in ("bootstrap_servers", "db", "audit_dir", "market",
                                                             "policy")}
+    given["kafka"] = kafka_settings_from_args(args)
     given["topic_prefix"] = args.topic_prefix
     for name in _OPTIONAL:
         if getattr(args, name, None) not in (None, False):
