@@ -107,6 +107,15 @@ def _durable_state(db) -> tuple[int, dict, int]:
     return int(kv.get("decided_through", -1)), json.loads(kv["counts"]), int(ledger)
 
 
+def _outbox(db) -> dict[str, dict]:
+    """The worker's outbox (decision id -> audit record), as its DuckDB file holds it."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {i: json.loads(r) for i, r in con.execute("SELECT decision_id, record FROM worker_outbox").fetchall()}
+    finally:
+        con.close()
+
+
 def test_sigkill_mid_replay_loses_and_duplicates_no_audit_row(kafka_bootstrap, topic_prefix_factory,
                                                                kafka_tools, records, tmp_path):
     prefix = topic_prefix_factory()
@@ -131,16 +140,19 @@ def test_sigkill_mid_replay_loses_and_duplicates_no_audit_row(kafka_bootstrap, t
             assert decided >= seen >= 3  # a period reported decided was marked durably first
             assert counts["records_in"] == counts["processed"] == ledger <= len(first_half)  # one transaction
             assert counts["dead_letters"] == counts["duplicates"] == counts["late"] == 0
+            outbox = _outbox(tmp_path / "state.duckdb")  # decided = in the outbox, one record each, in one transaction
+            assert sorted(r["period_index"] for r in outbox.values()) == list(range(decided + 1))
             before = _rows_by_id(tmp_path / "audit")
             assert sorted(r["period_index"] for r in before.values()) == list(range(len(before)))
-            assert len(before) >= decided + 1  # flushed before the periods were marked decided
+            assert set(before) <= set(outbox)  # the local log is a copy of the outbox (it may trail it)
+            assert all(json.loads(row["chosen_plan"]) == outbox[i]["chosen_plan"] for i, row in before.items())
             # the audit topic holds every decision the worker published before it died, each once; the sink, which
             # kept running, ends up with exactly those, row for row as the worker wrote them
             published = [json.loads(m.value) for m in kafka_tools.consume_all(
                 kafka_bootstrap, topics.recommendations.name, expect=n_periods, timeout_s=5)]
             published_ids = [r["decision_id"] for r in published]
             assert len(published_ids) == len(set(published_ids))
-            assert set(before) <= set(published_ids)
+            assert set(before) <= set(published_ids) <= set(outbox)  # published only from the outbox
             assert sorted(r["period_index"] for r in published) == list(range(len(published)))
             deadline = time.monotonic() + 30
             while set(_rows_by_id(tmp_path / "sink_audit")) != set(published_ids) and time.monotonic() < deadline:
