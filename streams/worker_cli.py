@@ -17,7 +17,7 @@ from sinks.audit_store import ParquetAuditStore
 from streams.app import Worker, build_app
 from streams.decide import Decider, PolicyDecider
 from streams.ingest import DuckDBIngestor
-from streams.pipeline import Pipeline
+from streams.pipeline import Limits, Pipeline
 from streams.settings import WorkerSettings
 from worldmodel.state import WorldState
 
@@ -108,7 +108,7 @@ def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, d
         origin = setup.origin
         decider_factory = lambda _s, _o, _w: setup.decider  # noqa: E731
     pipeline = Pipeline(topics, ingestor.load_state(), settings.period_s, settings.allowed_lateness_s, origin,
-                        field_map=field_map)
+                        field_map=field_map, limits=Limits.from_settings(settings))
 
     audit = ParquetAuditStore(settings.audit_dir)
     app = build_app(
