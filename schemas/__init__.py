@@ -160,7 +160,11 @@ def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
 DOCUMENT_KINDS = frozenset({"audit_record", "replay_result"})
 
 
-def parse(kind: str, raw: bytes | str, *, finite: bool = True) -> object:
+#: The reason a null record value (a Kafka tombstone) is refused with.
+TOMBSTONE = "null value (tombstone) where a record was expected"
+
+
+def parse(kind: str, raw: bytes | str | None, *, finite: bool = True) -> object:
     """Parse one JSON value strictly, as the store can keep it; raise SchemaError naming what it refuses.
 
     Refused beyond what `json.loads` refuses: NaN, Infinity and numbers beyond a 64-bit float (1e400; unless
@@ -171,9 +175,11 @@ def parse(kind: str, raw: bytes | str, *, finite: bool = True) -> object:
     Parameters
     ----------
     kind : record kind, for the error (one of ``KINDS``, or a field-map source name).
-    raw : UTF-8 JSON text (bytes) as it came off the wire.
+    raw : UTF-8 JSON text (bytes) as it came off the wire; None (a Kafka tombstone) is refused.
     finite : refuse non-finite numbers (False: read them as Python's json does, as float nan/inf).
     """
+    if raw is None:
+        raise SchemaError(kind, TOMBSTONE)
     constant, number = (_NonFinite, _float) if finite else (None, float)
     try:
         value = json.loads(raw, parse_constant=constant, parse_float=number, object_pairs_hook=_object)
@@ -292,7 +298,7 @@ def validate(kind: str, record: dict[str, Any]) -> dict[str, Any]:
     return validator(kind)(record)
 
 
-def decode(kind: str, raw: bytes) -> dict[str, Any]:
+def decode(kind: str, raw: bytes | None) -> dict[str, Any]:
     """Parse a UTF-8 JSON record value and validate it as ``kind``.
 
     Parameters

@@ -29,6 +29,8 @@ from datetime import UTC, datetime
 from schemas import SchemaError
 from schemas.records import DeadLetterRecord
 
+#: Default bound on a dead letter's value plus headers (bytes): half the Kafka producer's 1 MB request limit.
+DEFAULT_MAX_BYTES = 524_288
 #: Kafka Connect error-reporting stages (org.apache.kafka.connect.runtime.errors.Stage).
 STAGES = frozenset(
     {
@@ -86,7 +88,7 @@ class DeadLetter:
         *,
         failed_at: datetime | None = None,
         stage: str = "VALUE_CONVERTER",
-        max_bytes: int | None = None,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
     ) -> DeadLetter:
         """Build the dead letter of one consumed record.
 

@@ -40,7 +40,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from schemas import SchemaError, decode, load, parse
+from schemas import TOMBSTONE, SchemaError, decode, load, parse
 from schemas.dead_letter import DeadLetter
 from schemas.records import RECORD_TYPES, int_range, stored_schema
 from schemas.timestamps import to_us, ts_from_wire
@@ -304,7 +304,7 @@ class Pipeline:
     def _validate(self, kind: str, msg: Inbound) -> tuple[dict[str, Any], bytes]:
         """(record, value to store): the value itself, or the mapped record's JSON for a foreign one."""
         if msg.value is None:
-            raise SchemaError(kind, "null value (tombstone) where a record was expected")
+            raise SchemaError(kind, TOMBSTONE)
         if len(msg.value) > self.limits.max_record_bytes:
             raise SchemaError(kind, f"record of {len(msg.value)} bytes is over max_record_bytes "
                               f"({self.limits.max_record_bytes}); not read")

@@ -7,6 +7,7 @@ import os
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.dead_letter import DEFAULT_MAX_BYTES
 from schemas.kafka_client import KafkaClientSettings, load_settings
 
 
@@ -86,7 +87,7 @@ class WorkerSettings(BaseSettings):
     window_periods: int | None = None
     seed: int = 0
     max_record_bytes: int = Field(262_144, ge=1024)
-    dead_letter_max_bytes: int = Field(524_288, ge=16_384)
+    dead_letter_max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=16_384)
     history_span_s: float = Field(8 * 86_400.0, gt=0)
     max_ahead_s: float = Field(86_400.0, gt=0)
     max_close_periods: int = Field(2016, ge=1)
