@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from streams.kafka_link import (
     publish_with_retry,
     short_reason,
 )
+from streams.metrics import WorkerMetrics
 from streams.pipeline import Inbound, Outbound, Pipeline
 from streams.settings import WorkerSettings
 
@@ -58,10 +59,12 @@ class Worker:
     decider_factory : builds the decider from period 0's start (UTC) at the first decision.
     audit : the local audit log, a copy of the outbox like the audit topic (idempotent on decision id), or None.
     send : coroutine that produces one `Outbound` and returns once the broker has it.
+    metrics : the Prometheus metrics to update per batch and per decision (streams/metrics.py), or None.
     """
 
     def __init__(self, pipeline: Pipeline, ingestor: Ingestor, decider_factory: Callable[[datetime], Decider],
-                 audit: AuditSink | None, send: Callable[[Outbound], Awaitable[None]]) -> None:
+                 audit: AuditSink | None, send: Callable[[Outbound], Awaitable[None]],
+                 metrics: WorkerMetrics | None = None) -> None:
         self.pipeline = pipeline
         self.ingestor = ingestor
         self.decider_factory = decider_factory
@@ -74,6 +77,9 @@ class Worker:
         self._inflight: asyncio.Task[None] | None = None
         self._recovered = False
         self._gap_of: dict[int, Gap] = {}
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.attach(self)
 
     async def handle(self, records: Sequence[Inbound]) -> None:
         """Process one micro-batch end to end (publish dead letters, commit, decide) and wait for it."""
@@ -94,6 +100,7 @@ class Worker:
         if not self._recovered:  # decisions a crashed run stored but had not published
             self._recovered = True
             await self.publish_outbox()
+        before = dict(self.pipeline.state.positions) if self.metrics is not None else None
         res = self.pipeline.step(records, active)
         # a gap in the stream (periods closed without a record) gets one 'no data' decision, its last
         skip: set[int] = set()
@@ -105,8 +112,9 @@ class Worker:
         if due:
             self.scheduled_through = due[-1]
         await asyncio.gather(*(self.send(o) for o in res.dead_letters))
+        accepted = None if self.metrics is None else self.metrics.consumed(records, res.dead_letters, before, active)
         await self.drain()
-        self._inflight = asyncio.create_task(self._commit_and_decide(res.batch, due, received))
+        self._inflight = asyncio.create_task(self._commit_and_decide(res.batch, due, received, accepted))
 
     async def drain(self) -> None:
         """Wait until the batch in flight is committed and its decisions published."""
@@ -114,13 +122,17 @@ class Worker:
         if task is not None:
             await task
 
-    async def _commit_and_decide(self, batch: IngestBatch, due: list[int], received: float) -> None:
+    async def _commit_and_decide(self, batch: IngestBatch, due: list[int], received: float,
+                                 accepted: Mapping[str, int] | None = None) -> None:
         if batch.size or due or batch.state.positions != self.committed:
             await asyncio.to_thread(self.ingestor.commit, batch)
         self.pipeline.state.counts["duplicates"] = batch.state.counts["duplicates"]
         self.committed = batch.state.positions
         await self.decide(due)
-        self.decision_latency_s.extend([time.monotonic() - received] * len(due))
+        latency = time.monotonic() - received
+        self.decision_latency_s.extend([latency] * len(due))
+        if self.metrics is not None:
+            await self.metrics.committed(accepted, latency, len(due))
 
     async def decide(self, periods: Sequence[int]) -> None:
         """Decide for each period into the outbox (record and decided mark in one transaction), then publish."""
@@ -154,11 +166,15 @@ class Worker:
             self.decider = await asyncio.to_thread(self.decider_factory, clock.origin)
         observations, late = await asyncio.to_thread(self.ingestor.observations, period)
         inp = DecisionInput(period, clock.start_of(period), observations, late)
+        t0 = time.perf_counter()
         record = await asyncio.to_thread(self.decider.decide, inp)
+        decide_s = time.perf_counter() - t0
         gap = self._gap_of.pop(period, None)
         if gap is not None:  # the decisions it stands for are not made (the decided mark passes them)
             record["gap"] = {"first_period": gap.first, "last_period": gap.last, "decisions_skipped": gap.periods - 1}
         record = await asyncio.to_thread(self.ingestor.record_decision, period, record)
+        if self.metrics is not None:
+            self.metrics.decided(record, decide_s)
         log.info("decision period=%d id=%s late=%d", period, record["decision_id"], late)
 
     def stats(self) -> dict[str, Any]:
@@ -254,6 +270,8 @@ async def consume_loop(settings: WorkerSettings, topics: Topics, worker: Worker,
 
     stop = stop or asyncio.Event()
     link = link if link is not None else BrokerLink(settings.bootstrap_servers)
+    if worker.metrics is not None:  # its state is loaded: readiness follows the link from now on
+        worker.metrics.started(link)
     install_repeat_filter()
     worker.pipeline.state.counts.setdefault("offset_gaps", 0)
     try:
@@ -282,12 +300,15 @@ async def consume_loop(settings: WorkerSettings, topics: Topics, worker: Worker,
                     positions, seen = worker.pipeline.state.positions, session.seen
                     for m in records:
                         seen[(m.topic, m.partition)] = m.offset
-                    active = set()
+                    active, highwater = set(), {}
                     for tp in consumer.assignment():
                         hw = consumer.highwater(tp)
                         key = (tp.topic, tp.partition)
+                        highwater[key] = hw
                         if hw is None or max(positions.get(key, -1), seen.get(key, -1)) + 1 < hw:
                             active.add(key)
+                    if worker.metrics is not None:
+                        worker.metrics.lag(highwater, positions, seen)
                     await worker.submit(records, received, active)  # an empty batch may still close periods
                     if not records:
                         await session.idle_check()

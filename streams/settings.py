@@ -61,6 +61,9 @@ class WorkerSettings(BaseSettings):
     reconnect_backoff_max_s : longest wait between two reconnect attempts during an outage (s).
     offset_recheck_s : while idle, a partition whose stored position is past the end the broker reports is
         checked again (confirming fetch included) at most this often (s).
+    metrics_port : port of the worker's HTTP endpoint, `/metrics` (Prometheus), `/healthz` and `/readyz`
+        (streams/metrics.py); 0 disables it. 9464 is the OpenTelemetry Prometheus exporter's port.
+    metrics_addr : address that endpoint binds (default loopback only; "0.0.0.0" for a scraper elsewhere).
     """
 
     model_config = SettingsConfigDict(env_prefix="AURELIUS_", extra="ignore")
@@ -95,3 +98,5 @@ class WorkerSettings(BaseSettings):
     broker_probe_interval_s: float = Field(default=5.0, gt=0)
     reconnect_backoff_max_s: float = Field(default=30.0, gt=0)
     offset_recheck_s: float = Field(default=30.0, gt=0)
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    metrics_addr: str = "127.0.0.1"

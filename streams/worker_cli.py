@@ -17,9 +17,12 @@ from sinks.audit_store import ParquetAuditStore
 from streams.app import Worker, build_app
 from streams.decide import Decider, PolicyDecider
 from streams.ingest import DuckDBIngestor
+from streams.metrics import MetricsServer, WorkerMetrics
 from streams.pipeline import Limits, Pipeline
 from streams.settings import WorkerSettings
 from worldmodel.state import WorldState
+
+log = logging.getLogger("aurelius.worker")
 
 
 def policy_decider(settings: WorkerSettings, origin: datetime, world: WorldState) -> Decider:
@@ -93,6 +96,11 @@ def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, d
     decider_factory : builds the decider from the settings, period 0's start (UTC) and the worker's state (the
         one world state the policy reads), at the first decision.
     origin : start of period 0 (UTC); None: the stored one, else the first record's period.
+
+    The metrics endpoint (`/metrics`, `/healthz`, `/readyz` on `settings.metrics_addr:metrics_port`, streams/metrics.py)
+    serves from just before the faust worker starts. A port that cannot be bound (another process has it) is one
+    ERROR line, and the worker runs without the endpoint: its decisions matter more, and the scrape target and
+    readiness probe that find nothing there report it.
     """
     topics = Topics(prefix=settings.topic_prefix)
     # start-up connection: bounded retry (settings.kafka.startup_timeout_s), then KafkaUnavailable (one line)
@@ -111,17 +119,28 @@ def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, d
                         field_map=field_map, limits=Limits.from_settings(settings))
 
     audit = ParquetAuditStore(settings.audit_dir)
+    metrics = WorkerMetrics(topics)
     app = build_app(
         settings, lambda send: Worker(pipeline, ingestor, lambda o: decider_factory(settings, o, ingestor.world), audit,
-                                  send)
+                                  send, metrics)
     )
     from faust.worker import Worker as FaustWorker
 
+    server = None
+    if settings.metrics_port:
+        try:
+            server = MetricsServer(metrics, settings.metrics_addr, settings.metrics_port)
+        except OSError as exc:
+            log.error("cannot serve /metrics, /healthz, /readyz on %s:%d (%s); running without them "
+                      "(AURELIUS_METRICS_PORT chooses another port, 0 disables)", settings.metrics_addr,
+                      settings.metrics_port, exc)
     try:
         FaustWorker(app, loglevel=logging.WARNING, quiet=True).execute_from_commandline()
     except SystemExit as exc:
         return int(exc.code or 0)
     finally:
+        if server is not None:
+            server.close()
         ingestor.close()
     return 0
 
