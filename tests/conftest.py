@@ -169,7 +169,8 @@ class Proc:
     """An `aurelius` subprocess whose `aurelius.stats` JSON lines are collected as they come."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
-        full_env = {**os.environ, "AURELIUS_STATS_INTERVAL_S": "0.5", **(env or {})}
+        # no metrics endpoint unless a test asks for one: parallel workers would contend for its port
+        full_env = {**os.environ, "AURELIUS_STATS_INTERVAL_S": "0.5", "AURELIUS_METRICS_PORT": "0", **(env or {})}
         self.p = subprocess.Popen([sys.executable, "-m", "streams.cli", *args], cwd=cwd, env=full_env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
