@@ -164,6 +164,7 @@ class Worker:
         if self.decider is None:
             assert clock.origin is not None
             self.decider = await asyncio.to_thread(self.decider_factory, clock.origin)
+            await asyncio.to_thread(self._catch_up, self.decider)
         observations, late = await asyncio.to_thread(self.ingestor.observations, period)
         inp = DecisionInput(period, clock.start_of(period), observations, late)
         t0 = time.perf_counter()
@@ -176,6 +177,16 @@ class Worker:
         if self.metrics is not None:
             self.metrics.decided(record, decide_s)
         log.info("decision period=%d id=%s late=%d", period, record["decision_id"], late)
+
+    def _catch_up(self, decider: Decider) -> None:
+        """Rebuild a new decider's state after a restart: give it, in order, the inputs of every decision the
+        outbox holds (the world state's records, as each decision saw them) and discard what it decides; the
+        stored decisions stand. A deterministic policy then decides the next period as an uninterrupted run
+        would. Costs one decision's time per decided period (s each for aurelius)."""
+        clock = self.pipeline.clock
+        for period in self.ingestor.decided_periods():
+            observations, late = self.ingestor.observations(period)
+            decider.decide(DecisionInput(period, clock.start_of(period), observations, late))
 
     def stats(self) -> dict[str, Any]:
         """Counters and clock position, as logged every `stats_interval_s`."""

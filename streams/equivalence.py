@@ -32,8 +32,8 @@ from worldmodel.state import WorldState
 
 
 def replay_decisions(directory: str | Path, decider_factory: Callable[[datetime, WorldState], Decider], period_s: float,
-                     allowed_lateness_s: float, origin: datetime | None = None,
-                     batch_records: int = 5000) -> list[dict[str, Any]]:
+                     allowed_lateness_s: float, origin: datetime | None = None, batch_records: int = 5000,
+                     restart_after_batches: int | None = None, db: str | Path = ":memory:") -> list[dict[str, Any]]:
     """Audit records of every decision the worker makes over `directory`, in period order.
 
     Parameters
@@ -43,26 +43,34 @@ def replay_decisions(directory: str | Path, decider_factory: Callable[[datetime,
     period_s, allowed_lateness_s : the worker's clock (s).
     origin : start of period 0 (UTC); None: the first record's period.
     batch_records : micro-batch size (records); the decisions do not depend on it.
+    restart_after_batches : stop the worker after this many batches and start a new one (a new decider) on
+        the same DuckDB file `db`, as after a crash between two transactions; None: one worker throughout.
+    db : the worker's state file (":memory:" unless restarting).
     """
     topics = Topics(prefix="embedded.")
-    ingestor = DuckDBIngestor.open(":memory:")
-    pipeline = Pipeline(topics, ingestor.load_state(), period_s, allowed_lateness_s, origin)
-    sink = MemorySink()
+    sink = MemorySink()  # the audit topic: it outlives a worker
+    inbound = [Inbound(topics.for_kind(kind).name, 0, i, json.dumps(rec).encode())
+               for i, (_, _, kind, rec) in enumerate(ordered(load_directory(directory)))]
+    batches = [inbound[i:i + batch_records] for i in range(0, len(inbound), batch_records)]
+    cut = len(batches) if restart_after_batches is None else restart_after_batches
 
     async def send(o: Outbound) -> None:
         return None
 
-    worker = Worker(pipeline, ingestor, lambda origin: decider_factory(origin, ingestor.world), sink, send)
-    inbound = [Inbound(topics.for_kind(kind).name, 0, i, json.dumps(rec).encode())
-               for i, (_, _, kind, rec) in enumerate(ordered(load_directory(directory)))]
+    async def run(part: list[list[Inbound]]) -> None:
+        ingestor = DuckDBIngestor.open(db)
+        pipeline = Pipeline(topics, ingestor.load_state(), period_s, allowed_lateness_s, origin)
+        worker = Worker(pipeline, ingestor, lambda origin: decider_factory(origin, ingestor.world), sink, send)
+        try:
+            await worker.decide(pipeline.due_decisions())
+            for batch in part:
+                await worker.handle(batch)
+        finally:
+            ingestor.close()
 
-    async def run() -> None:
-        await worker.decide(pipeline.due_decisions())
-        for i in range(0, len(inbound), batch_records):
-            await worker.handle(inbound[i:i + batch_records])
-
-    asyncio.run(run())
-    ingestor.close()
+    asyncio.run(run(batches[:cut]))
+    if cut < len(batches):
+        asyncio.run(run(batches[cut:]))
     return list(sink)
 
 

@@ -143,6 +143,10 @@ class Ingestor(Protocol):
         """Outbox records not yet published, in period order."""
         ...
 
+    def decided_periods(self) -> list[int]:
+        """The periods the outbox holds a decision for, in order."""
+        ...
+
     def mark_published(self, decision_ids: list[str]) -> None: ...
 
     def close(self) -> None: ...
@@ -285,6 +289,10 @@ class DuckDBIngestor:
         rows = self.con.execute("SELECT record FROM worker_outbox WHERE NOT published "
                                 "ORDER BY period_index, decision_id").fetchall()
         return [json.loads(r) for (r,) in rows]
+
+    def decided_periods(self) -> list[int]:
+        rows = self.con.execute("SELECT DISTINCT period_index FROM worker_outbox ORDER BY 1").fetchall()
+        return [int(p) for (p,) in rows]
 
     def mark_published(self, decision_ids: list[str]) -> None:
         if decision_ids:

@@ -62,6 +62,21 @@ def test_worker_logic_decides_as_the_embedded_replay(replayed):
 
 
 @pytest.mark.slow
+def test_a_restarted_worker_rebuilds_aurelius_and_decides_as_an_uninterrupted_run(tmp_path):
+    """After a restart the worker gives its new aurelius policy the inputs of every decision in the outbox (from
+    the world state) before it decides again: forecasters, calibration and the previous plan come back, so every
+    later plan is the one the uninterrupted embedded replay chose."""
+    from streams.worker_cli import replay_setup
+
+    plans = embedded_replay("PJM", START, PERIODS, "aurelius", tmp_path)
+    records = replay_decisions(tmp_path, lambda _origin, world: replay_setup(_settings("aurelius"), START, world)
+                               .decider, period_s=300.0, allowed_lateness_s=30.0, origin=START, batch_records=7000,
+                               restart_after_batches=2, db=tmp_path / "state.duckdb")
+    assert [r["period_index"] for r in records] == list(range(len(plans)))
+    assert _canon([r["chosen_plan"] for r in records]) == _canon(plans)
+
+
+@pytest.mark.slow
 def test_aurelius_reading_the_workers_state_decides_as_the_embedded_replay(tmp_path):
     """One world state: in the worker the aurelius policy reads the worker's DuckDB (records committed by the
     worker's transaction, no second ingest), and still chooses every period's plan as in the embedded replay,
