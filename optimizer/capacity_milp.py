@@ -119,7 +119,6 @@ class _Problem:
         base_power_w: Mapping[str, float],
         swap_budget: int,
         target_utilization: float,
-        time_limit_s: float,
         mip_gap: float,
     ) -> Sizing | None:
         import cvxpy as cp  # lazy: cvxpy takes ~1 s to import; only the planner's solves need it
@@ -134,7 +133,7 @@ class _Problem:
         self.gpus.value = np.array([float(gpus[g]) for g in self.groups])
         self.budget.value = float(swap_budget)
         try:
-            solve_highs(self.problem, time_limit_s=time_limit_s, mip_gap=mip_gap)
+            solve_highs(self.problem, mip_gap=mip_gap)
         except cp.error.SolverError:
             return None
         if self.n.value is None:
@@ -156,7 +155,6 @@ def size_capacity(
     base_power_w: Mapping[str, float],
     swap_budget: int,
     target_utilization: float = 0.8,
-    time_limit_s: float = 1.0,
     mip_gap: float = 1e-3,
 ) -> Sizing | None:
     """Solve the capacity MILP (module docstring) on a problem cached per fleet structure. None when
@@ -170,7 +168,7 @@ def size_capacity(
     power_cap_w, base_power_w : per site, IT power cap and idle power of the whole site (W).
     swap_budget : replicas that may change this period (count).
     target_utilization : u in the demand constraint (0-1).
-    time_limit_s, mip_gap : HiGHS time limit (s) and relative MIP gap.
+    mip_gap : HiGHS's relative MIP gap (its work limits: optimizer/solver.py).
 
     Examples
     --------
@@ -194,5 +192,5 @@ def size_capacity(
             _PROBLEMS.clear()
         prob = _PROBLEMS[struct] = _Problem(*struct)
     return prob.solve(
-        pools, demand_rps, gpus, power_cap_w, base_power_w, swap_budget, target_utilization, time_limit_s, mip_gap
+        pools, demand_rps, gpus, power_cap_w, base_power_w, swap_budget, target_utilization, mip_gap
     )

@@ -87,7 +87,6 @@ def schedule_deferral(
     spare_requests: Sequence[float],
     energy_mwh_per_request: float,
     risk_aversion: float = 0.5,
-    time_limit_s: float = 1.0,
     free_requests: Sequence[float] | None = None,
     gpu_usd_per_request: float = 0.0,
 ) -> DeferralSchedule:
@@ -100,7 +99,6 @@ def schedule_deferral(
     spare_requests : deferrable requests each period can absorb beside interactive load (count).
     energy_mwh_per_request : marginal energy of one deferrable request (MWh, incl. PUE).
     risk_aversion : weight of the 80% upper interval in the price (0-1).
-    time_limit_s : solver time limit (s).
     free_requests : per period, deferrable requests the headroom kept for interactive load absorbs without
         adding GPUs (count); None: all spare capacity is free.
     gpu_usd_per_request : rented GPU time of one deferrable request served on GPUs added for it ($).
@@ -146,7 +144,7 @@ def schedule_deferral(
         paid >= cp.sum(x, axis=0) - free,
     ]
     prob = cp.Problem(cp.Minimize(cost), cons)
-    solve_highs(prob, time_limit_s=time_limit_s)
+    solve_highs(prob)
     if x.value is None:
         raise RuntimeError(f"deferral LP failed: {prob.status}")
     release = np.clip(x.value.sum(axis=0), 0.0, None)
