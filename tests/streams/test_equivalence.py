@@ -63,9 +63,10 @@ def test_worker_logic_decides_as_the_embedded_replay(replayed):
 
 @pytest.mark.slow
 def test_a_restarted_worker_rebuilds_aurelius_and_decides_as_an_uninterrupted_run(tmp_path):
-    """After a restart the worker gives its new aurelius policy the inputs of every decision in the outbox (from
-    the world state) before it decides again: forecasters, calibration and the previous plan come back, so every
-    later plan is the one the uninterrupted embedded replay chose."""
+    """A worker stopped after two batches and restarted on its DuckDB file (a new aurelius policy, rebuilt from the
+    outbox's decisions) chooses every period's plan as the uninterrupted embedded replay. In this 4-period window
+    aurelius's later plans do not depend on what it saw before the restart (the test also passes without the
+    rebuild); test_outbox.py's stateful decider is what shows the rebuild itself."""
     from streams.worker_cli import replay_setup
 
     plans = embedded_replay("PJM", START, PERIODS, "aurelius", tmp_path)
