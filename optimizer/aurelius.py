@@ -20,6 +20,7 @@ no price by the decision time); the replay's history has both, so its decisions 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -54,6 +55,7 @@ from schemas.provenance import Provenance, Tagged
 from schemas.records import frame_schema
 from worldmodel.servingmodel import ServingModel
 
+log = logging.getLogger(__name__)
 MODES = ("full", "clock-only", "fixed-grid", "no-deferral")
 #: The first decision's fallback: the fleet has not been observed yet, so the forward model would score plans
 #: against assumed (pre-warmed) state; the reference's plan, the fleet as deployed, is the safe default.
@@ -165,15 +167,21 @@ class AureliusPolicy(Policy):
     def plan(self, obs: Observations) -> Plan:
         t0, c0 = time.perf_counter(), time.process_time()
         assert self._ctx is not None and self.reference_policy is not None, "start() first"
-        self._observed.update_arrivals(obs.arrivals)
-        self._seen_telemetry |= obs.telemetry.height > 0
-        self._seen_arrivals |= obs.arrivals.height > 0
-        assert self.forecast_provider is not None and self.world_model is not None
-        self.forecast_provider.update(obs)
-        self.world_model.update(obs)
         ref_plan = self.reference_policy.plan(obs)
         others = tuple(r.plan(obs) for r in self.also_reference_policies)
-        return self._decide(obs.as_of, obs.period_index, ref_plan, t0, c0, others)
+        try:
+            self._observed.update_arrivals(obs.arrivals)
+            self._seen_telemetry |= obs.telemetry.height > 0
+            self._seen_arrivals |= obs.arrivals.height > 0
+            assert self.forecast_provider is not None and self.world_model is not None
+            self.forecast_provider.update(obs)
+            self.world_model.update(obs)
+            return self._decide(obs.as_of, obs.period_index, ref_plan, t0, c0, others)
+        except Exception as exc:  # noqa: BLE001 - odd but valid inputs must not stop the worker: the safe default
+            log.exception("%s: decision for period %d failed; the reference plan stands", self.name, obs.period_index)
+            reason = f"decision failed: {type(exc).__name__}: {str(exc)[:200]}"
+            self._previous = ref_plan
+            return self._reference_only(obs.as_of, obs.period_index, ref_plan, t0, c0, reason, {})
 
     def last_decision(self) -> dict[str, Any] | None:
         return self._record
@@ -219,13 +227,19 @@ class AureliusPolicy(Policy):
     def _without_inputs(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
                         missing: tuple[str, ...]) -> Plan:
         """The reference plan as is, flagged fallback with the missing inputs: nothing is forecast or scored."""
+        return self._reference_only(as_of, period_index, ref_plan, t0, c0, missing_inputs_fallback(missing),
+                                    {"missing_inputs": list(missing)})
+
+    def _reference_only(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
+                        reason: str | None, extra: dict[str, Any]) -> Plan:
+        """The reference plan as is, flagged fallback with `reason`; its audit record says so."""
         assert self._ctx is not None
-        decision = Decision(ref_plan, None, True, missing_inputs_fallback(missing), ())
+        decision = Decision(ref_plan, None, True, reason, ())
         self._record = build_record(
             policy=self.name, markets=self._ctx.markets, period_index=period_index, as_of=as_of,
             inputs=self._config_inputs(), forecasts=(), decision=decision, search=None, reference=None, audit=None,
             decision_ms=(time.perf_counter() - t0) * 1e3,
-            extra={**self._extra(c0, ref_plan), "reference_plan": ref_plan.as_dict(), "missing_inputs": list(missing)},
+            extra={**self._extra(c0, ref_plan), "reference_plan": ref_plan.as_dict(), **extra},
         )
         return ref_plan
 

@@ -64,6 +64,26 @@ def frame_from_json(kind: str, values: list[bytes]) -> pl.DataFrame:
     )
 
 
+def readable(kind: str, values: list[bytes]) -> tuple[pl.DataFrame | None, dict[int, Exception]]:
+    """The frame the store will read from `values`, and the records it cannot read (index -> error).
+
+    The whole batch is read at once; only when that fails is each record read alone, so one record the validators
+    passed but the store's reader refuses (or a combination of records that breaks the batch read) costs its own
+    dead letter, never the batch (None: no record readable).
+    """
+    try:
+        return frame_from_json(kind, values), {}
+    except Exception:  # noqa: BLE001 - any refusal of the reader is the record's, handled below
+        pass
+    frames, refused = [], {}
+    for i, v in enumerate(values):
+        try:
+            frames.append(frame_from_json(kind, [v]))
+        except Exception as exc:  # noqa: BLE001
+            refused[i] = exc
+    return (pl.concat(frames, how="vertical") if frames else None), refused
+
+
 def record_key(kind: str, record: dict[str, Any]) -> str:
     """The idempotency key of one validated record (fields of `IDEMPOTENCY_KEYS` joined by '|')."""
     return "|".join(str(record[f]) for f in IDEMPOTENCY_KEYS[kind])
@@ -101,6 +121,16 @@ class KindRows:
     values: list[bytes] = field(default_factory=list)
     decision_period: list[int] = field(default_factory=list)
     late: list[bool] = field(default_factory=list)
+    #: the values as the store reads them (`readable`), set by the pipeline; None: read at commit
+    frame: pl.DataFrame | None = None
+
+    def drop(self, index: set[int]) -> None:
+        """Remove the rows at `index` (the frame goes with them)."""
+        keep = [i for i in range(len(self.values)) if i not in index]
+        self.values = [self.values[i] for i in keep]
+        self.decision_period = [self.decision_period[i] for i in keep]
+        self.late = [self.late[i] for i in keep]
+        self.frame = None
 
 
 @dataclass
@@ -210,7 +240,8 @@ class DuckDBIngestor:
         frames: dict[str, pl.DataFrame] = {}
         for kind, kr in batch.rows.items():
             if kr.values:
-                frames[kind] = frame_from_json(kind, kr.values).with_columns(
+                frame = kr.frame if kr.frame is not None else frame_from_json(kind, kr.values)
+                frames[kind] = frame.with_columns(
                     pl.Series("_decision_period", kr.decision_period, pl.Int64),
                     pl.Series("_late", kr.late, pl.Boolean),
                 )

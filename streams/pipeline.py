@@ -46,7 +46,7 @@ from schemas.records import RECORD_TYPES, int_range, stored_schema
 from schemas.timestamps import to_us, ts_from_wire
 from schemas.topics import Topics
 from streams.clock import Gap, PeriodClock, wire_us
-from streams.ingest import IngestBatch, KindRows, WorkerState
+from streams.ingest import IngestBatch, KindRows, WorkerState, readable
 from streams.settings import WorkerSettings
 
 SOURCE_HEADER = "aurelius.source"
@@ -371,6 +371,7 @@ class Pipeline:
         dlq, max_dl = self.topics.dead_letters.name, self.limits.dead_letter_max_bytes
         dead: list[Outbound] = []
         rows: dict[str, KindRows] = {}
+        sources: dict[str, list[Inbound]] = {}  # the record behind each row, for a dead letter the store asks for
         folded: dict[tuple[Any, ...], tuple[int, dict[str, Any]]] = {}
         positions = st.positions
         # a stream without origin or clock yet is bounded against this batch's median clock time
@@ -411,6 +412,7 @@ class Pipeline:
             kr = rows.get(kind)
             if kr is None:
                 kr = rows[kind] = KindRows()
+                sources[kind] = []
             if value is not msg.value and kind == "gpu_telemetry" and record["gpu"] is not None:
                 # a mapped Prometheus sample carries one metric: fold the samples of one GPU and instant
                 key = (us, record["hostname"], record["gpu"])
@@ -423,6 +425,18 @@ class Pipeline:
             kr.values.append(value)
             kr.decision_period.append(clock.closed_through + 2 if late else max(index + 1, 1))
             kr.late.append(late)
+            sources[kind].append(msg)
+        for kind, kr in rows.items():  # what the store's reader refuses is dead-lettered, never a failed commit
+            kr.frame, refused = readable(kind, kr.values)
+            for i, exc in refused.items():
+                why = SchemaError(kind, f"the store cannot read this record: {str(exc)[:300]}")
+                dead.append(dead_letter(sources[kind][i], why, dlq, max_dl))
+                counts["processed"] -= 1
+                counts["dead_letters"] += 1
+                counts["late"] -= kr.late[i]
+            if refused:
+                kr.drop(set(refused))
+                kr.frame, _ = readable(kind, kr.values)
         clock.advance(active)
         clock.sync()
         st.origin, st.max_event_at, st.closed_through = clock.origin, clock.max_event_at, clock.closed_through

@@ -165,3 +165,24 @@ def test_floor_release_hands_the_plan_in_force_to_the_evaluator():
         pol.plan(observations(2))
         assert world.in_force[2] == (first if release else None)  # the plan returned the period before
         assert release or world.in_force == [None] * 3
+
+
+def test_a_decision_that_fails_on_odd_inputs_recommends_the_reference_and_decisions_go_on():
+    """Inputs the models cannot digest (the fuzz suite found an unknown GPU type, a price of 1.8e308 $/MWh,
+    history before a zero-filled season) make that period's decision the reference plan with the reason; the
+    next period decides normally."""
+
+    class Choking(FakeWorld):
+        def update(self, obs):
+            if obs.period_index == 2:
+                raise KeyError("H200")
+            super().update(obs)
+
+    pol = AureliusPolicy(world_model=Choking(), reference_policy=StubReference(), audit=False,
+                         forecast_provider=PersistenceForecasts())
+    recs = run(pol, periods=3)
+    failed = recs[2]
+    assert failed["fallback"] and failed["fallback_reason"] == "decision failed: KeyError: 'H200'"
+    assert failed["chosen_plan"] == failed["reference_plan"]
+    SCHEMA(failed)
+    assert not recs[3]["fallback_reason"] or not recs[3]["fallback_reason"].startswith("decision failed")
