@@ -163,7 +163,9 @@ def ssl_context(settings: KafkaClientSettings) -> ssl.SSLContext:
     KafkaSettingsError : a file is not a usable PEM, or an encrypted key's password is missing or wrong (never
         an interactive pass-phrase prompt).
     """
-    from aiokafka.helpers import create_ssl_context
+    from aiokafka.helpers import (
+        create_ssl_context,  # lazy: the Kafka client loads only where a command talks to a broker
+    )
 
     secret = settings.ssl_key_password
     password: Callable[[], str] | str = secret.get_secret_value() if secret else (lambda: "")
@@ -239,7 +241,9 @@ async def close_client(client: Any, timeout_s: float = 5.0) -> None:
 
 
 def _reason(exc: BaseException) -> str:
-    from aiokafka.errors import KafkaConnectionError
+    from aiokafka.errors import (
+        KafkaConnectionError,  # lazy: the Kafka client loads only where a command talks to a broker
+    )
 
     if isinstance(exc, KafkaConnectionError):
         return "no bootstrap server answered (connection refused, closed or timed out)"
@@ -251,7 +255,9 @@ def _reason(exc: BaseException) -> str:
 
 
 def _transient(exc: BaseException) -> bool:
-    from aiokafka.errors import KafkaConnectionError
+    from aiokafka.errors import (
+        KafkaConnectionError,  # lazy: the Kafka client loads only where a command talks to a broker
+    )
 
     if isinstance(exc, ssl.SSLError):  # certificate or handshake failure: retrying will not help
         return False

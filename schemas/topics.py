@@ -134,7 +134,10 @@ async def ensure_topics(
     ------
     KafkaUnavailable : no broker answered within `kafka.startup_timeout_s` (one-line message).
     """
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin import (  # lazy: the Kafka client loads only where a command talks to a broker
+        AIOKafkaAdminClient,
+        NewTopic,
+    )
 
     request_ms = int(timeout_s * 1000)
     admin = await start_client(

@@ -49,7 +49,10 @@ async def consume(bootstrap_servers: str, topics: Topics, store: AuditSink, grou
     kafka : security and start-up retry of the clients (schemas.kafka_client); None: env `KAFKA_*`. No broker
         within its `startup_timeout_s` raises `KafkaUnavailable`.
     """
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka import (  # lazy: the Kafka client loads only where a command talks to a broker
+        AIOKafkaConsumer,
+        AIOKafkaProducer,
+    )
 
     await ensure_topics(bootstrap_servers, topics.all(), kafka=kafka)
     consumer = await start_client(lambda: AIOKafkaConsumer(

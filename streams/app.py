@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import faust
+from aiokafka import TopicPartition
+from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
+from aiokafka.structs import OffsetAndMetadata
 
 from schemas.timestamps import ts_from_wire
 from schemas.topics import Topics
@@ -275,9 +278,6 @@ async def consume_loop(settings: WorkerSettings, topics: Topics, worker: Worker,
     stop : set it to return after the current batch; None runs until cancelled.
     link : the connection state the stats line reports; None: a new one.
     """
-    from aiokafka import TopicPartition
-    from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
-    from aiokafka.structs import OffsetAndMetadata
 
     stop = stop or asyncio.Event()
     link = link if link is not None else BrokerLink(settings.bootstrap_servers)

@@ -8,6 +8,8 @@ import importlib
 import os
 import sys
 
+from schemas.kafka_client import EXIT_CONFIG, EXIT_UNAVAILABLE, KafkaSettingsError, KafkaUnavailable
+
 MARKETS = ("PJM", "ERCOT", "CAISO")
 
 
@@ -188,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module_name, func_name = args._run.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    from schemas.kafka_client import EXIT_CONFIG, EXIT_UNAVAILABLE, KafkaSettingsError, KafkaUnavailable
 
     try:
         return int(func(args) or 0)

@@ -32,6 +32,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from aiokafka import AIOKafkaConsumer
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError, OffsetOutOfRangeError
+from aiokafka.structs import TopicPartition
+from faust.auth import SASLCredentials, SSLCredentials
+
 from schemas.kafka_client import KafkaClientSettings, client_kwargs, close_client, quiet_aiokafka, ssl_context
 from schemas.topics import Topics, ensure_topics
 from streams.settings import WorkerSettings
@@ -54,7 +60,6 @@ def faust_credentials(kafka: KafkaClientSettings) -> Any:
     """
     if kafka.security_protocol == "PLAINTEXT":
         return None
-    from faust.auth import SASLCredentials, SSLCredentials
 
     if not kafka.uses_sasl:
         return SSLCredentials(ssl_context(kafka))
@@ -240,7 +245,6 @@ async def publish_with_retry(send_once: Callable[[], Awaitable[None]], what: str
     missing after a broker reset, timeouts) with backoff 0.5 s doubling to `backoff_max_s`; one WARNING line
     per failure. Re-sending is safe: audit records and dead letters are keyed and the sinks are idempotent.
     """
-    from aiokafka.errors import KafkaError
 
     delay, failures, t0 = 0.5, 0, time.monotonic()
     while True:
@@ -296,7 +300,6 @@ class PositionGuard:
 
     async def _present(self, offsets: Mapping[Any, int]) -> set[Any]:
         """The partitions among `offsets` where a record at or after the given offset can be fetched."""
-        from aiokafka.errors import OffsetOutOfRangeError
 
         want = dict(offsets)
         found: set[Any] = set()
@@ -352,8 +355,6 @@ class InputConsumer:
 
     async def open(self) -> InputConsumer:
         """Start the probe, create missing topics, start the consumer (joins the group), start the watcher."""
-        from aiokafka import AIOKafkaConsumer
-        from aiokafka.abc import ConsumerRebalanceListener
 
         s = self.settings
         kw = client_kwargs(s.kafka, s.bootstrap_servers)
@@ -441,7 +442,6 @@ class InputConsumer:
 
     def resume_after_gap(self, gap: OffsetGap) -> None:
         """Apply the policy: count and log the gap, lower the stored position, seek to the earliest offset."""
-        from aiokafka.structs import TopicPartition
 
         st = self.worker.pipeline.state
         key = (gap.topic, gap.partition)
@@ -498,7 +498,6 @@ class InputConsumer:
         to `reconnect_backoff_max_s`, one WARNING line each), so the outage is retried and reported even while
         the poll loop waits on a publish. Recreate the topics a (restarted) broker no longer has, so that
         waiting publish and the next connection find them."""
-        from aiokafka.errors import KafkaError
 
         interval = self.settings.broker_probe_interval_s
         failures, wait = 0, interval

@@ -46,6 +46,7 @@ from schemas.records import RECORD_TYPES, int_range, stored_schema
 from schemas.timestamps import to_us, ts_from_wire
 from schemas.topics import Topics
 from streams.clock import Gap, PeriodClock, wire_us
+from streams.fieldmap import FieldMapError
 from streams.ingest import IngestBatch, KindRows, WorkerState, readable
 from streams.settings import WorkerSettings
 
@@ -155,7 +156,7 @@ _SUPPORTED = {"type", "enum", "const", "minimum", "maximum", "minLength", "maxLe
 
 def _date_time_pattern() -> str:
     """fastjsonschema's own date-time pattern, in Rust regex syntax (Python's end-of-text `\\Z` is `\\z`)."""
-    from fastjsonschema.draft04 import CodeGeneratorDraft04
+    from fastjsonschema.draft04 import CodeGeneratorDraft04  # lazy: only when a fast validator is first built
 
     return CodeGeneratorDraft04.FORMAT_REGEXS["date-time"].replace("\\Z", "\\z")
 
@@ -169,7 +170,7 @@ def _core(prop: dict[str, Any], stored: Any = None) -> Any:
 
     stored : the polars type the field is stored as (`schemas.records.stored_schema`); an integer must fit it.
     """
-    from pydantic_core import core_schema as cs
+    from pydantic_core import core_schema as cs  # lazy: only when a fast validator is first built
 
     if set(prop) - _SUPPORTED:
         return None
@@ -217,8 +218,8 @@ def fast_validator(kind: str) -> Callable[[bytes], dict[str, Any]] | None:
     schema validator, which may still accept, e.g. `1.0` for an integer). Its integers must also fit their
     stored type and its floats be finite; it does NOT see duplicate keys (`maybe_duplicate_keys` does).
     """
-    from pydantic_core import SchemaValidator
-    from pydantic_core import core_schema as cs
+    from pydantic_core import SchemaValidator  # lazy: only when a fast validator is first built
+    from pydantic_core import core_schema as cs  # lazy: only when a fast validator is first built
 
     spec = load(kind)
     if spec.get("type") != "object" or spec.get("additionalProperties") is not False:
@@ -328,7 +329,6 @@ class Pipeline:
         return decode(kind, msg.value), msg.value
 
     def _map(self, kind: str, msg: Inbound, raw: dict[str, Any]) -> dict[str, Any]:
-        from streams.fieldmap import FieldMapError
 
         fm = self.field_map
         named = dict(msg.headers).get(SOURCE_HEADER)

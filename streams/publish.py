@@ -32,8 +32,10 @@ from schemas.kafka_client import KafkaClientSettings, client_kwargs, settings_fr
 from schemas.records import frame_to_wire
 from schemas.timestamps import ts_from_wire
 from schemas.topics import INPUT_KINDS, Topics, ensure_topics
+from streams.datasets.prices import available_years, load_prices
 from streams.ingest import record_key
 from streams.pipeline import clock_time
+from streams.workload.window import select_window
 
 Item = tuple[datetime, int, str, dict[str, Any]]
 
@@ -103,8 +105,6 @@ def bundled_prices(markets: Iterable[str], year: int, rule: str, start: datetime
     periods, period_minutes : window length as control periods (count) of `period_minutes` (min);
         None periods: 3 h.
     """
-    from streams.datasets.prices import available_years, load_prices
-    from streams.workload.window import select_window
 
     rows: list[dict[str, Any]] = []
     for market in markets:
@@ -140,7 +140,7 @@ async def publish(records: dict[str, list[dict[str, Any]]], bootstrap_servers: s
     retry of the clients (schemas.kafka_client; None: env `KAFKA_*`); raises `KafkaUnavailable` when no
     broker answers within its `startup_timeout_s`.
     """
-    from aiokafka import AIOKafkaProducer
+    from aiokafka import AIOKafkaProducer  # lazy: the Kafka client loads only where a command talks to a broker
 
     await ensure_topics(bootstrap_servers, topics.all(), kafka=kafka)
     producer = await start_client(

@@ -10,16 +10,24 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import polars as pl
+from faust.worker import Worker as FaustWorker
+
+from optimizer.wiring import build_policy
+from schemas.fleet import default_fleet
 from schemas.kafka_client import settings_from_args as kafka_settings_from_args
+from schemas.policy import History, PolicyContext
 from schemas.protocol import CLASSES
 from schemas.topics import Topics, ensure_topics
 from sinks.audit_store import ParquetAuditStore
 from streams.app import Worker, build_app
 from streams.decide import Decider, PolicyDecider
+from streams.fieldmap import FieldMap
 from streams.ingest import DuckDBIngestor
 from streams.metrics import MetricsServer, WorkerMetrics
 from streams.pipeline import Limits, Pipeline
 from streams.settings import WorkerSettings
+from streams.workload.builder import build_workload
 from worldmodel.state import WorldState
 
 log = logging.getLogger("aurelius.worker")
@@ -28,11 +36,7 @@ log = logging.getLogger("aurelius.worker")
 def policy_decider(settings: WorkerSettings, origin: datetime, world: WorldState) -> Decider:
     """The policy `settings.policy` as a Decider for one market, window starting at `origin`, no history,
     reading the worker's state `world`."""
-    import polars as pl
 
-    from optimizer.wiring import build_policy
-    from schemas.fleet import default_fleet
-    from schemas.policy import History, PolicyContext
 
     ctx = PolicyContext(fleet=default_fleet((settings.market,)), markets=(settings.market,), window_start=origin,
                         period_s=settings.period_s, periods=0, seed=settings.seed)
@@ -63,12 +67,7 @@ def replay_setup(settings: WorkerSettings, start: datetime | None = None,
     start : window start (UTC, on the hour); None: the window rule over `settings.year`.
     world : the worker's state, which the policy then reads (None: the policy keeps its own, as in the replay).
     """
-    import polars as pl
 
-    from optimizer.wiring import build_policy
-    from schemas.fleet import default_fleet
-    from schemas.policy import PolicyContext
-    from streams.workload.builder import build_workload
 
     wl = build_workload(settings.market, settings.year, rule=settings.window_rule, start=start,  # type: ignore[arg-type]
                         periods=settings.window_periods, period_minutes=settings.period_s / 60.0, seed=settings.seed)
@@ -107,7 +106,6 @@ def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, d
     asyncio.run(ensure_topics(settings.bootstrap_servers, topics.all(), kafka=settings.kafka))
     field_map = None
     if settings.field_map:
-        from streams.fieldmap import FieldMap
 
         field_map = FieldMap.load(None if settings.field_map == "default" else settings.field_map)
     ingestor = DuckDBIngestor.open(settings.db)
@@ -124,7 +122,6 @@ def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, d
         settings, lambda send: Worker(pipeline, ingestor, lambda o: decider_factory(settings, o, ingestor.world), audit,
                                   send, metrics)
     )
-    from faust.worker import Worker as FaustWorker
 
     server = None
     if settings.metrics_port:

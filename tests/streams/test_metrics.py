@@ -262,7 +262,6 @@ def test_settings_and_serve_run_the_endpoint_for_the_worker_s_lifetime(monkeypat
     settings = WorkerSettings(db=str(tmp_path / "s.duckdb"), audit_dir=str(tmp_path / "audit"))
     assert settings.metrics_port == port
 
-    import faust.worker
 
     from streams import worker_cli
 
@@ -281,7 +280,7 @@ def test_settings_and_serve_run_the_endpoint_for_the_worker_s_lifetime(monkeypat
             raise SystemExit(0)
 
     monkeypatch.setattr(worker_cli, "ensure_topics", no_broker)
-    monkeypatch.setattr(faust.worker, "Worker", FakeFaust)
+    monkeypatch.setattr(worker_cli, "FaustWorker", FakeFaust)
     assert worker_cli.serve(settings, worker_cli.policy_decider) == 0
     assert seen["metrics"][0] == 200 and "aurelius_records_in_total" in seen["metrics"][1]
     assert seen["readyz"][0] == 503
