@@ -243,6 +243,9 @@ def test_http_metrics_health_and_readiness_follow_the_link(records, loop_thread,
 
         monkeypatch.setattr(metrics_mod, "LOOP_PROBE_S", 0.3)
         loop_thread.call_soon_threadsafe(loop_thread.stop)  # the loop no longer runs callbacks
+        deadline = time.monotonic() + 5
+        while loop_thread.is_running() and time.monotonic() < deadline:  # stopped, not just asked to stop
+            time.sleep(0.01)
         status, body = _get(server.port, "/healthz")
         assert status == 503 and "event loop" in body
         assert _get(server.port, "/nope")[0] == 404
