@@ -17,7 +17,6 @@ from optimizer.wiring import build_policy
 from schemas.fleet import default_fleet
 from schemas.kafka_client import settings_from_args as kafka_settings_from_args
 from schemas.policy import History, PolicyContext
-from schemas.protocol import CLASSES
 from schemas.topics import Topics, ensure_topics
 from sinks.audit_store import ParquetAuditStore
 from streams.app import Worker, build_app
@@ -26,6 +25,7 @@ from streams.fieldmap import FieldMap
 from streams.ingest import DuckDBIngestor
 from streams.metrics import MetricsServer, WorkerMetrics
 from streams.pipeline import Limits, Pipeline
+from streams.replay.driver import workload_sla
 from streams.settings import WorkerSettings
 from streams.workload.builder import build_workload
 from worldmodel.state import WorldState
@@ -67,16 +67,10 @@ def replay_setup(settings: WorkerSettings, start: datetime | None = None,
     start : window start (UTC, on the hour); None: the window rule over `settings.year`.
     world : the worker's state, which the policy then reads (None: the policy keeps its own, as in the replay).
     """
-
-
     wl = build_workload(settings.market, settings.year, rule=settings.window_rule, start=start,  # type: ignore[arg-type]
                         periods=settings.window_periods, period_minutes=settings.period_s / 60.0, seed=settings.seed)
     window_s = (wl.window.end - wl.window.start).total_seconds()
-    sla: dict[str, dict[str, float | None]] = {}
-    for cls in CLASSES:  # as streams.replay.driver gives its policies
-        sub = wl.requests.filter(pl.col("request_class") == cls).head(1)
-        if sub.height:
-            sla[cls] = {"ttft_ms": sub["sla_ttft_ms"][0], "tpot_ms": sub["sla_tpot_ms"][0]}
+    sla = workload_sla(wl)  # as the embedded replay gives its policies
     ctx = PolicyContext(fleet=default_fleet((settings.market,)), markets=(settings.market,),
                         window_start=wl.window.start, period_s=settings.period_s,
                         periods=int(round(window_s / settings.period_s)), seed=wl.seed, sla=sla)

@@ -99,7 +99,7 @@ def run_replay(
         period_s=period_s,
         periods=periods,
         seed=workload.seed,
-        sla=_sla(workload),
+        sla=workload_sla(workload),
         initial_replicas=dict(initial_replicas or {}),
     )
     run = RunResult(market, policy.name, workload.seed, workload, rt, 0.0, 0, site_prices)
@@ -173,7 +173,8 @@ def _record(run: RunResult, policy: Policy, plan: Any, k: int) -> None:
         run.decisions.append(rec)
 
 
-def _sla(workload: Workload) -> dict[str, dict[str, float | None]]:
+def workload_sla(workload: Workload) -> dict[str, dict[str, float | None]]:
+    """The SLA of each class the workload holds, as the policies' context carries it (ms; None: deferrable)."""
     req = workload.requests
     out: dict[str, dict[str, float | None]] = {}
     for cls in CLASSES:
