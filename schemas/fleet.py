@@ -12,13 +12,27 @@ class GpuType(StrEnum):
 
 
 class Precision(StrEnum):
+    """Weight (and activation) precision of a replica."""
+
     BF16 = "bf16"
+    FP8 = "fp8"
+
+
+class KvCacheDtype(StrEnum):
+    """KV-cache dtype, as vLLM's `--kv-cache-dtype` names it: "auto" keeps the activation dtype (bf16)."""
+
+    AUTO = "auto"
     FP8 = "fp8"
 
 
 GPU_INDEX: dict[GpuType, int] = {GpuType.H100: 0, GpuType.A100: 1}
 PRECISION_INDEX: dict[Precision, int] = {Precision.BF16: 0, Precision.FP8: 1}
 GPUS_PER_NODE = 8
+#: KV-cache dtypes each weight precision may run with (vLLM allows an fp8 KV cache on Hopper).
+KV_DTYPES_BY_PRECISION: dict[Precision, tuple[KvCacheDtype, ...]] = {
+    Precision.BF16: (KvCacheDtype.AUTO,),
+    Precision.FP8: (KvCacheDtype.AUTO, KvCacheDtype.FP8),
+}
 
 #: SM clock range per GPU type (MHz); max is the default boost clock.
 SM_CLOCK_RANGE_MHZ: dict[GpuType, tuple[int, int]] = {GpuType.H100: (1095, 1980), GpuType.A100: (1005, 1410)}

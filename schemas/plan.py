@@ -34,7 +34,8 @@ class PoolPlan:
 
     replica_floor, replica_ceiling : replicas the autoscaler keeps between (count).
     tp : tensor parallelism (GPUs per replica).
-    precision : "bf16" or "fp8" (a change reloads weights).
+    precision : "bf16" or "fp8" weights (a change reloads weights).
+    kv_dtype : KV-cache dtype, "auto" (bf16) or "fp8" (fp8 weights only; a change restarts the replica).
     max_batch : max concurrent sequences per replica (count).
     sm_clock_mhz : locked SM clock (MHz); immediate to change.
     """
@@ -48,6 +49,7 @@ class PoolPlan:
     precision: str
     max_batch: int
     sm_clock_mhz: int
+    kv_dtype: str = "auto"
 
     @property
     def key(self) -> tuple[str, str, str]:

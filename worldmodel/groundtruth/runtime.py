@@ -40,6 +40,8 @@ class Physics:
     token_budget: int = 2048  # vLLM max_num_batched_tokens default for the OpenAI server (chunked prefill)
     release_margin_s: float = 1200.0
     load_power_frac: float = 0.3
+    cold_start_s: float | None = None  # replica start to ready (s); None: the cited default of the physics
+    scaler_trigger: str = "v1"  # "v1": vLLM V1 waiting semantics + deferrable slack; "legacy": the old trigger
 
 
 def coef_row(model: str, gpu: str, tp: int, precision: str, clock_mhz: float, physics: Physics) -> np.ndarray:
