@@ -1,7 +1,9 @@
 """Every difference between two results.json files, timings and the output path aside: the check that a change
 leaves the replay's figures identical.
 
-    python benchmarks/compare_results.py BEFORE/results.json AFTER/results.json
+    python benchmarks/compare_results.py BEFORE/results.json AFTER/results.json [--across-rulers]
+
+Results measured with different rulers (results.json `ruler.version`) are refused unless --across-rulers.
 """
 
 from __future__ import annotations
@@ -32,9 +34,18 @@ def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
     return [] if a == b else [(path, a, b)]
 
 
+def ruler(results: dict[str, Any]) -> str:
+    """The ruler version a results.json was measured with ("<none>" before rulers were recorded)."""
+    return str(results.get("ruler", {}).get("version", "<none>"))
+
+
 if __name__ == "__main__":
     with open(sys.argv[1]) as fa, open(sys.argv[2]) as fb:
-        diffs = differences(json.load(fa), json.load(fb))
+        a, b = json.load(fa), json.load(fb)
+    if ruler(a) != ruler(b) and "--across-rulers" not in sys.argv:
+        print(f"different rulers: {ruler(a)} vs {ruler(b)}; figures not comparable (--across-rulers to diff anyway)")
+        sys.exit(2)
+    diffs = differences(a, b)
     for d in diffs:
         print(*d)
     print(f"{len(diffs)} differences (timings and the output path aside)")

@@ -18,6 +18,9 @@ import polars as pl
 from schemas.fleet import FleetSpec
 from schemas.plan import Plan
 
+#: The production-class references of DESIGN.md, in the order a replay job runs them (before any aurelius arm).
+REFERENCE_POLICIES: tuple[str, ...] = ("production", "production-tuned", "naive")
+
 
 @dataclass(frozen=True)
 class Observations:

@@ -32,10 +32,12 @@ from optimizer.registry import create
 from optimizer.wiring import build_policy
 from schemas.audit import decision_id
 from schemas.fleet import default_fleet
+from schemas.policy import REFERENCE_POLICIES
 from schemas.protocol import CLASSES
 from sinks.audit_store import FILE_GLOB, ParquetAuditStore
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.metrics import PROVENANCE, per_period, request_outcomes, summarize
+from streams.replay.ruler import ruler_record
 from streams.replay.tuning import lead_in_fleet, tune_static
 from streams.workload.builder import Workload, build_workload
 from streams.workload.residency import assign_residency
@@ -57,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {
         "schema_version": "1",
         "config": _config(args, physics),
+        "ruler": ruler_record(physics),
         "markets": {},
         "provenance": PROVENANCE,
     }
@@ -89,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
             "policies": {p: _aggregate(v) for p, v in per_policy.items()},
         }
         _oracle_gap(results["markets"][key])
+        _strongest_reference(results["markets"][key])
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print_tables(results, args.cost_basis)
     print(f"\nwrote {out / 'results.json'} and {out / 'replay.duckdb'}")
@@ -284,6 +288,28 @@ def _oracle_gap(market: dict[str, Any]) -> None:
         market["oracle_gap"] = (o - a) / o if o else None
 
 
+#: results.json's gp/$ key per cost basis.
+BASES = {"rented": "gp_per_dollar", "owned": "gp_per_dollar_owned"}
+
+
+def _strongest_reference(market: dict[str, Any]) -> None:
+    """The reference with the highest mean gp/$ per cost basis (from the reference runs alone), and every other
+    arm's gain over it: (gp/$ - strongest's) / strongest's."""
+    pol = market["policies"]
+    refs = [p for p in REFERENCE_POLICIES if p in pol]
+    if not refs:
+        return
+    market["strongest_reference"] = {b: max(refs, key=lambda p: pol[p][k]) for b, k in BASES.items()}
+    market["gain_vs_strongest"] = {
+        name: {
+            b: (p[k] - pol[market["strongest_reference"][b]][k]) / pol[market["strongest_reference"][b]][k]
+            for b, k in BASES.items()
+        }
+        for name, p in pol.items()
+        if name not in refs
+    }
+
+
 def _reset_tables(db: duckdb.DuckDBPyConnection) -> None:
     for t in ("periods", "classes", "requests"):
         db.execute(f"DROP TABLE IF EXISTS {t}")
@@ -370,3 +396,8 @@ def print_tables(results: dict[str, Any], basis: str) -> None:
             )
         if "oracle_gap" in m:
             print(f"oracle gap: {m['oracle_gap']:.3%}")
+        if "strongest_reference" in m:
+            b = "rented" if basis != "owned" else "owned"
+            gains = ", ".join(f"{n} {g[b]:+.2%}" for n, g in m["gain_vs_strongest"].items())
+            best = m["strongest_reference"][b]
+            print(f"strongest reference ({b}): {best}" + (f"; gain over it: {gains}" if gains else ""))
