@@ -1,7 +1,8 @@
 """`production-tuned`: the best single static configuration chosen on the 7 days before the window, plus a
 price rule (the "best fixed" reference of the Koi paper, DESIGN.md).
 
-The configuration (precision where allowed, batch cap, SM clock) is the one that did best on the week before
+The configuration (weight precision and KV-cache dtype where allowed, batch cap, SM clock, autoscaler target:
+a `StaticConfig`) is the one that did best on the week before
 the window: the replay harness measures candidate configurations on a past window of the same site
 (streams/replay/tuning.py) and passes the winner as `config`, as an operator tunes on its own past
 traffic. Without `config` (e.g. inside the optimizer, which has no simulator) it is chosen by scoring every
@@ -13,7 +14,7 @@ deferrable work while the latest known price exceeds the past week's 90th percen
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -24,7 +25,7 @@ from optimizer.baselines.sizing import MODEL_OF_CLASS
 from optimizer.registry import register
 from schemas.availability import market_rows
 from schemas.cost import CostConfig
-from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType
+from schemas.fleet import KV_DTYPES_BY_PRECISION, PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, Precision
 from schemas.forecast import ClassDemand, DisturbanceForecast, Interval
 from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
@@ -38,12 +39,38 @@ CLOCK_SHARES = (1.0, 0.85, 0.7)
 SLA_SLACK = 0.001  # 0.1 pp
 
 
+@dataclass(frozen=True)
+class StaticConfig:
+    """One static configuration of the deployed reference.
+
+    precision : weights "bf16" | "fp8" (fp8 only where the GPU has it; bf16 elsewhere).
+    kv_dtype : KV cache "auto" | "fp8" (fp8 only with fp8 weights; "auto" elsewhere).
+    max_batch : sequences per replica, or None to keep each pool's as-deployed cap (the engine default).
+    clock_share : SM clock as a share of the GPU's maximum.
+    target : the autoscaler's utilization target.
+    """
+
+    precision: str = "bf16"
+    kv_dtype: str = "auto"
+    max_batch: int | None = None
+    clock_share: float = 1.0
+    target: float = 0.8
+
+    def as_dict(self) -> dict[str, object]:
+        return {"precision": self.precision, "kv_dtype": self.kv_dtype, "max_batch": self.max_batch,
+                "clock_share": self.clock_share, "target": self.target}  # fmt: skip
+
+
+#: The configuration as deployed (production's).
+DEPLOYED = StaticConfig()
+
+
 @register("production-tuned")
 class TunedProductionPolicy(Policy):
     """Best static configuration on the past week + defer batch work above the past week's price p90.
 
-    config : (precision, max batch, clock share of max) measured best on the past week, or None to choose
-    it with the forward model; sample_every_h : hours between history periods scored (h);
+    config : the `StaticConfig` measured best on the past week, or None to choose it with the forward model;
+    sample_every_h : hours between history periods scored (h);
     price_quantile : the price rule's quantile.
     """
 
@@ -51,7 +78,7 @@ class TunedProductionPolicy(Policy):
 
     def __init__(
         self,
-        config: tuple[str, int, float] | None = None,
+        config: StaticConfig | None = None,
         sample_every_h: float = 4.0,
         price_quantile: float = 0.9,
     ) -> None:
@@ -71,7 +98,7 @@ class TunedProductionPolicy(Policy):
         steady = deployed.plan(None)  # type: ignore[arg-type]  # as-deployed plan ignores observations
         config = self.config or self._choose(ctx, history, steady)
         self._base = _configure(first, config)
-        self._steady = replace(_configure(steady, config), label=f"production-tuned: {config}")
+        self._steady = replace(_configure(steady, config), label=f"production-tuned: {config.as_dict()}")
         self._market = ctx.markets[0]  # the price rule reads the first market's price (the window's)
         prices = history.prices if history.prices.width else pl.DataFrame(schema=frame_schema("price"))  # fresh
         self._prices = market_rows(prices, self._market).select("interval_start", "lmp_usd_mwh", "published_at")
@@ -97,16 +124,16 @@ class TunedProductionPolicy(Policy):
             plan, batch_admission=adm, notes=(f"price {price:.1f} vs p90 {self.threshold_usd_mwh:.1f}",)
         )
 
-    def _choose(self, ctx: PolicyContext, history: History, deployed: Plan) -> tuple[str, int, float]:
+    def _choose(self, ctx: PolicyContext, history: History, deployed: Plan) -> StaticConfig:
         model = ForwardModel(ServingModel(), CostConfig())
         forecasts = _history_forecasts(history, ctx.markets[0], ctx.period_s, self.sample_every_h)
         if not forecasts:
-            return ("bf16", 256, 1.0)
-        scores: dict[tuple[str, int, float], tuple[float, np.ndarray]] = {}
+            return DEPLOYED
+        scores: dict[StaticConfig, tuple[float, np.ndarray]] = {}
         for prec in ("bf16", "fp8"):
-            for mb in MAX_BATCHES:
+            for mb in (None, *MAX_BATCHES):
                 for share in CLOCK_SHARES:
-                    cfg = (prec, mb, share)
+                    cfg = StaticConfig(prec, "auto", mb, share)
                     plan = _configure(deployed, cfg)
                     snap = _snapshot(plan, forecasts[0].period_start)
                     met = cost = 0.0
@@ -117,33 +144,31 @@ class TunedProductionPolicy(Policy):
                         cost += out.cost_usd
                         viol.append([c.violation_rate for c in out.classes])
                     scores[cfg] = (met / cost if cost > 0 else 0.0, np.mean(viol, axis=0))
-        base_viol = scores[("bf16", 256, 1.0)][1]
+        base_viol = scores[DEPLOYED][1]
         ok = {c: s for c, s in scores.items() if np.all(s[1] <= base_viol + SLA_SLACK)}
         best = max(ok, key=lambda c: ok[c][0])
-        self.chosen = {
-            "precision": best[0],
-            "max_batch": best[1],
-            "clock_share": best[2],
-            "predicted_gp_per_dollar": ok[best][0],
-        }
+        self.chosen = {**best.as_dict(), "predicted_gp_per_dollar": ok[best][0]}
         return best
 
 
-def _configure(plan: Plan, cfg: tuple[str, int, float]) -> Plan:
-    prec, mb, share = cfg
+def _configure(plan: Plan, cfg: StaticConfig) -> Plan:
+    """`plan` with the configuration applied to every pool (precision and KV dtype where the GPU allows)."""
     pools = []
     for p in plan.pools:
         g = GpuType(p.gpu)
         lo, hi = SM_CLOCK_RANGE_MHZ[g]
+        prec = Precision(cfg.precision) if cfg.precision in PRECISIONS_BY_GPU[g] else Precision.BF16
+        kv = cfg.kv_dtype if cfg.kv_dtype in KV_DTYPES_BY_PRECISION[prec] else "auto"
         pools.append(
             replace(
                 p,
-                precision=prec if prec in PRECISIONS_BY_GPU[g] else "bf16",
-                max_batch=mb,
-                sm_clock_mhz=int(max(lo, round(hi * share))),
+                precision=str(prec),
+                kv_dtype=str(kv),
+                max_batch=p.max_batch if cfg.max_batch is None else cfg.max_batch,
+                sm_clock_mhz=int(max(lo, round(hi * cfg.clock_share))),
             )
         )
-    return replace(plan, pools=tuple(pools))
+    return replace(plan, pools=tuple(pools), autoscale_target=cfg.target)
 
 
 def _snapshot(plan: Plan, as_of: datetime) -> FleetSnapshot:

@@ -28,6 +28,7 @@ import numpy as np
 import polars as pl
 from tqdm import tqdm
 
+from optimizer.baselines.tuned import StaticConfig
 from optimizer.registry import create
 from optimizer.wiring import build_policy
 from schemas.audit import decision_id
@@ -160,7 +161,7 @@ def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
     if "production-tuned" in job.policies:
         tuning = tune_static(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
                              period_minutes=args.period_minutes)  # fmt: skip
-        window["production_tuned"] = {"config": tuning.config, "tuned_on": tuning.window_start.isoformat(),
+        window["production_tuned"] = {"config": tuning.config.as_dict(), "tuned_on": tuning.window_start.isoformat(),
                                       "candidates": tuning.table}  # fmt: skip
     initial = lead_in_fleet(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
                             all_sites=job.all_sites)  # fmt: skip
@@ -193,7 +194,7 @@ def _one(
     key: str,
     seed: int,
     all_sites: bool,
-    tuned: tuple[str, int, float] | None,
+    tuned: StaticConfig | None,
     initial: dict[tuple[str, str, str], int],
 ) -> RunResult:
     """One replay; production-tuned runs the configuration measured best on the week before (`tuned`)."""

@@ -4,22 +4,25 @@ configuration of the `production-tuned` reference.
 `lead_in_fleet` serves the hour before the window as deployed (production) and reports the replicas warm
 or loading at the window's start: the state every autoscaled policy starts from.
 
-Each candidate static configuration (precision, batch cap, SM clock) serves the same past window, one week
-before the replay window at the same local time, on the ground truth; the winner is the highest SLA-met
-per dollar among configurations whose violation rate stays within 0.1 pp of the as-deployed configuration's
-in every class. Only data from before the window is used.
+Each candidate static configuration (weight precision with KV-cache dtype, batch cap, SM clock, autoscaler
+target) serves the same past window, one week before the replay window at the same local time, on the ground
+truth; the winner is the highest SLA-met per dollar among configurations whose violation rate stays within
+0.1 pp of the as-deployed configuration's in every class. The search is coordinate-wise, as an operator tunes
+one knob at a time: from the deployed configuration, each axis in `AXES` in turn is set to its best value
+given the others (the deployed value kept when nothing beats it), so every axis is searched at the
+best of the ones before it. Only data from before the window is used.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
 
 from optimizer.baselines.production import ProductionPolicy
-from optimizer.baselines.tuned import TunedProductionPolicy
+from optimizer.baselines.tuned import DEPLOYED, StaticConfig, TunedProductionPolicy
 from schemas.fleet import FleetSpec
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
@@ -27,26 +30,29 @@ from streams.workload.builder import build_workload
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.runtime import Physics
 
-DEPLOYED = ("bf16", 256, 1.0)
-#: (precision, max batch, clock share of maximum); fp8 applies where the GPU has it (H100).
-CANDIDATES: tuple[tuple[str, int, float], ...] = (
-    DEPLOYED,
-    ("bf16", 128, 1.0),
-    ("bf16", 512, 1.0),
-    ("bf16", 256, 0.85),
-    ("fp8", 128, 1.0),
-    ("fp8", 256, 1.0),
-    ("fp8", 512, 1.0),
-    ("fp8", 256, 0.85),
+#: The axes searched in turn, each with its values ((weights, KV dtype) pairs for precision; fp8 applies where
+#: the GPU has it, H100; max_batch None = the engine's default per GPU type, as deployed).
+AXES: tuple[tuple[str, tuple[object, ...]], ...] = (
+    ("precision", (("bf16", "auto"), ("fp8", "auto"), ("fp8", "fp8"))),
+    ("max_batch", (None, 128, 256, 512)),
+    ("clock_share", (1.0, 0.85, 0.7)),
+    ("target", (0.8, 0.7, 0.9)),
 )
 SLA_SLACK = 0.001  # 0.1 pp
+
+
+def _with(cfg: StaticConfig, axis: str, value: object) -> StaticConfig:
+    if axis == "precision":
+        prec, kv = value  # type: ignore[misc]
+        return replace(cfg, precision=prec, kv_dtype=kv)
+    return replace(cfg, **{axis: value})
 
 
 @dataclass(frozen=True)
 class Tuning:
     """The chosen configuration and every candidate's measured gp/$ and per-class violation rates."""
 
-    config: tuple[str, int, float]
+    config: StaticConfig
     window_start: datetime
     table: tuple[dict[str, Any], ...]
 
@@ -61,23 +67,36 @@ def tune_static(
     periods: int = 3,
     period_minutes: float = 5.0,
 ) -> Tuning:
-    """Measure every candidate on the window one week before `window_start` (periods x period_minutes)."""
+    """Search the configurations on the window one week before `window_start` (periods x period_minutes)."""
     past = window_start - timedelta(days=7)
     wl = build_workload(market, past.year, start=past, periods=periods, period_minutes=period_minutes,
                         seed=seed + 7919)  # fmt: skip
     initial = lead_in_fleet(market, past, fleet, seed=seed, physics=physics)
-    rows = []
-    for cfg in CANDIDATES:
-        policy = TunedProductionPolicy(config=cfg)
-        run = run_replay(wl, policy, fleet, period_s=period_minutes * 60.0, window_s=periods * period_minutes * 60.0,
-                         physics=physics, initial_replicas=initial)  # fmt: skip
-        s = summarize(run)
-        rows.append({"config": cfg, "gp_per_dollar": s["gp_per_dollar"],
-                     "violation": {c: v["sla_violation_rate"] for c, v in s["classes"].items()}})  # fmt: skip
-    base = next(r for r in rows if r["config"] == DEPLOYED)["violation"]
-    ok = [r for r in rows if all(v <= base.get(c, 0.0) + SLA_SLACK for c, v in r["violation"].items())]
-    best = max(ok, key=lambda r: r["gp_per_dollar"])
-    return Tuning(best["config"], past, tuple(rows))
+    measured: dict[StaticConfig, dict[str, Any]] = {}
+
+    def measure(cfg: StaticConfig) -> dict[str, Any]:
+        if cfg not in measured:
+            policy = TunedProductionPolicy(config=cfg)
+            run = run_replay(wl, policy, fleet, period_s=period_minutes * 60.0,
+                             window_s=periods * period_minutes * 60.0, physics=physics, initial_replicas=initial)
+            s = summarize(run)
+            measured[cfg] = {"config": cfg.as_dict(), "gp_per_dollar": s["gp_per_dollar"],
+                             "violation": {c: v["sla_violation_rate"] for c, v in s["classes"].items()}}
+        return measured[cfg]  # fmt: skip
+
+    base = measure(DEPLOYED)["violation"]
+
+    def ok(row: dict[str, Any]) -> bool:
+        return all(v <= base.get(c, 0.0) + SLA_SLACK for c, v in row["violation"].items())
+
+    best = DEPLOYED
+    for axis, values in AXES:
+        for value in values:
+            cfg = _with(best, axis, value)
+            row = measure(cfg)
+            if ok(row) and row["gp_per_dollar"] > measure(best)["gp_per_dollar"]:
+                best = cfg
+    return Tuning(best, past, tuple(measured.values()))
 
 
 def lead_in_fleet(

@@ -1,0 +1,63 @@
+"""production-tuned's coordinate search: every axis searched at the best of the ones before it, within the
+0.1 pp violation rule (the ground-truth runs replaced by a table, so the search logic alone is under test)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from optimizer.baselines.tuned import DEPLOYED, StaticConfig
+from schemas.fleet import default_fleet
+from streams.replay import tuning
+
+
+def _score(cfg: StaticConfig) -> tuple[float, float]:
+    """(gp/$, chat violation rate): fp8+fp8 KV helps, batch 512 helps only with it, clock 0.7 breaks the SLA."""
+    gp = 100.0
+    gp += {("bf16", "auto"): 0.0, ("fp8", "auto"): 5.0, ("fp8", "fp8"): 9.0}[(cfg.precision, cfg.kv_dtype)]
+    if cfg.max_batch == 512:
+        gp += 4.0 if cfg.kv_dtype == "fp8" else -3.0
+    gp += {1.0: 0.0, 0.85: 1.0, 0.7: 6.0}[cfg.clock_share]
+    gp += {0.8: 0.0, 0.7: -1.0, 0.9: 2.0}[cfg.target]
+    viol = 0.01 + (0.02 if cfg.clock_share == 0.7 else 0.0) + (0.0005 if cfg.target == 0.9 else 0.0)
+    return gp, viol
+
+
+@pytest.fixture
+def fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[StaticConfig]:
+    seen: list[StaticConfig] = []
+
+    def run_replay(wl: Any, policy: Any, *a: Any, **k: Any) -> Any:
+        seen.append(policy.config)
+        return SimpleNamespace(config=policy.config)
+
+    def summarize(run: Any) -> dict[str, Any]:
+        gp, viol = _score(run.config)
+        return {"gp_per_dollar": gp, "classes": {"chat": {"sla_violation_rate": viol}}}
+
+    monkeypatch.setattr(tuning, "build_workload", lambda *a, **k: None)
+    monkeypatch.setattr(tuning, "lead_in_fleet", lambda *a, **k: {})
+    monkeypatch.setattr(tuning, "run_replay", run_replay)
+    monkeypatch.setattr(tuning, "summarize", summarize)
+    return seen
+
+
+def test_coordinate_search_finds_the_best_admissible_configuration(fake_runs: list[StaticConfig]) -> None:
+    t = tuning.tune_static("PJM", datetime(2023, 7, 27, 18, tzinfo=UTC), default_fleet(("PJM",)), seed=0)
+    # fp8 weights + fp8 KV, then batch 512 (better only with the fp8 KV), clock 0.85 (0.7 breaks the SLA),
+    # target 0.9 stays within 0.1 pp of the deployed violation rate (+0.05 pp)
+    assert t.config == StaticConfig("fp8", "fp8", 512, 0.85, 0.9)
+    assert fake_runs[0] == DEPLOYED
+    assert len(fake_runs) == len(set(fake_runs)) == 1 + 2 + 3 + 2 + 2  # each configuration measured once
+    assert {r["config"]["kv_dtype"] for r in t.table} == {"auto", "fp8"}
+
+
+def test_a_configuration_outside_the_sla_rule_is_never_chosen(
+    fake_runs: list[StaticConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tuning, "SLA_SLACK", 0.0001)  # target 0.9's +0.05 pp no longer passes
+    t = tuning.tune_static("PJM", datetime(2023, 7, 27, 18, tzinfo=UTC), default_fleet(("PJM",)), seed=0)
+    assert t.config.target == 0.8 and t.config.clock_share == 0.85
