@@ -101,7 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes (one job = one market/seed workload under every policy)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--report", action="store_true", help="then write the HTML report and figures under OUT/report")
     p.set_defaults(_run="streams.replay.cli:run")
+
+    p = sub.add_parser("report", help="HTML report (offline, one file) and PNG/SVG figures of a replay output")
+    p.add_argument("out_dir", metavar="OUT", help="a replay's --out directory (results.json, replay.duckdb, audit/)")
+    p.add_argument("--dest", default=None, help="directory for report.html and figures/ (default OUT/report)")
+    p.add_argument("--no-figures", action="store_true", help="the HTML page only, no PNG/SVG files")
+    p.set_defaults(_run="streams.report.cli:run")
 
     p = sub.add_parser("data", help="what is bundled, and what a window would contain")
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="WHAT")
