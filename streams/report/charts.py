@@ -10,7 +10,7 @@ import altair as alt
 
 from streams.report.data import MarketData, Row, fallback_counts
 
-WIDTH = 470
+WIDTH = 430
 HEIGHT = 200
 #: Class colours kept the same in every figure.
 CLASS_SCALE = alt.Scale(domain=["code", "chat", "batch"], range=["#4c78a8", "#f58518", "#54a24b"])

@@ -22,15 +22,15 @@ from streams.report import charts
 from streams.report.data import MarketData, ReportData, load
 
 STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1280px;
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1300px;
        color: #222; }
 h1 { margin-bottom: 4px; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 36px; }
 .meta { color: #666; font-size: 13px; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0 16px; }
 th, td { border-bottom: 1px solid #eee; padding: 4px 10px; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
-.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(640px, 1fr)); gap: 12px 24px; }
-figure { margin: 0; } figcaption { color: #555; font-size: 12px; max-width: 640px; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(610px, 1fr)); gap: 12px 24px; }
+figure { margin: 0; } figcaption { color: #555; font-size: 12px; max-width: 600px; }
 .note { color: #8a6d3b; font-size: 13px; }
 """
 
