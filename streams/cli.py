@@ -185,6 +185,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help='DuckDB memory limit, e.g. "512MB", "4 GB" (default 1 GB; no spilling; exit code 3)')
     a.add_argument("--threads", type=int, default=2, help="DuckDB threads for the query (default 2)")
     a.set_defaults(_run="sinks.sql:run")
+    a = asub.add_parser("export", help="one decision's chosen plan as an actuator's input (HPA, KEDA, nvidia-smi, "
+                        "vLLM, deferral); printed, never applied")
+    a.add_argument("--decision", required=True, help="decision id (or a replay record's live id, or a unique prefix)")
+    a.add_argument("--format", required=True, choices=("hpa", "keda", "nvidia-smi", "vllm", "deferral"),
+                   help="hpa: autoscaling/v2 HPAs; keda: ScaledObjects; nvidia-smi: SM clock commands; "
+                   "vllm: `vllm serve` arguments; deferral: hold/release list of deferrable work")
+    a.add_argument("--audit-dir", default="audit")
+    a.add_argument("--deployment", default="{model}-{gpu}",
+                   help="Deployment name template per pool (keys: model, gpu, site; default {model}-{gpu})")
+    a.add_argument("--output", default=None, help="file to write (default stdout)")
+    a.set_defaults(_run="sinks.audit_export:run")
 
     p = sub.add_parser("broker", help="local Kafka-compatible broker (Tansu, in memory) for a demo; NOT production")
     p.add_argument("--port", type=int, default=9092)
