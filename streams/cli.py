@@ -196,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Deployment name template per pool (keys: model, gpu, site; default {model}-{gpu})")
     a.add_argument("--output", default=None, help="file to write (default stdout)")
     a.set_defaults(_run="sinks.audit_export:run")
+    a = asub.add_parser("summary", help="decisions, fallbacks by reason, predicted savings, realized regret, "
+                        "top plans (table; --csv FILE)")
+    a.add_argument("--audit-dir", default="audit")
+    a.add_argument("--csv", default=None, metavar="FILE", help="also write the answers as long-form CSV")
+    a.set_defaults(_run="sinks.audit_summary:run")
 
     p = sub.add_parser("broker", help="local Kafka-compatible broker (Tansu, in memory) for a demo; NOT production")
     p.add_argument("--port", type=int, default=9092)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -182,10 +183,10 @@ def _plan_gpus(plan: dict[str, Any] | None) -> float | None:
 
 
 def reason_kind(reason: str | None) -> str:
-    """A fallback reason's kind: the text before its first ':' ("pareto", "start", ...)."""
+    """A fallback reason's kind: the text before its first ':' or '(' ("pareto", "start", ...)."""
     if not reason:
         return ""
-    head = reason.split(":", 1)[0].strip()
+    head = re.split(r"[:(]", reason, maxsplit=1)[0].strip()
     return head if len(head) <= 40 else head[:37] + "..."
 
 
