@@ -46,6 +46,7 @@ class MarketData:
     violations: list[Row] = field(default_factory=list)  # per policy x class: SLA violation rate
     decisions: list[Row] = field(default_factory=list)  # per audited decision: chosen vs reference, fallback
     headroom: float | None = None  # (hindsight gp/$ - aurelius gp/$) / hindsight gp/$, where both are present
+    hindsight_check: dict[str, Any] | None = None  # results.json market "hindsight": valid, beaten_by, ...
 
 
 @dataclass
@@ -123,7 +124,9 @@ def _market(key: str, m: dict[str, Any]) -> MarketData:
             rate = c.get("sla_violation_rate")
             if rate is not None and not (isinstance(rate, float) and math.isnan(rate)):
                 md.violations.append({"policy": name, "request_class": cls, "violation_rate": rate})
-    hind = policies.get("hindsight") or m.get("hindsight")
+    hind = policies.get("hindsight")
+    if isinstance(m.get("hindsight"), dict) and "valid" in m["hindsight"]:
+        md.hindsight_check = m["hindsight"]
     arm = policies.get(HEADROOM_ARM)
     if isinstance(hind, dict) and arm and hind.get("gp_per_dollar") and arm.get("gp_per_dollar") is not None:
         md.headroom = (hind["gp_per_dollar"] - arm["gp_per_dollar"]) / hind["gp_per_dollar"]

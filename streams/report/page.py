@@ -81,6 +81,11 @@ def _headline(m: MarketData) -> str:
     if m.headroom is not None:
         table += (f"<p>Hindsight headroom: the hindsight arm's gp/$ is {m.headroom:.2%} above aurelius's "
                   "(what perfect knowledge of the window would add).</p>")
+    chk = m.hindsight_check
+    if chk is not None and not chk.get("valid", True):
+        table += (f"<p class='note'>The hindsight arm is not an upper bound here: beaten by "
+                  f"{html.escape(', '.join(map(str, chk.get('beaten_by', []))))} in seeds "
+                  f"{html.escape(', '.join(map(str, chk.get('invalid_seeds', []))))}.</p>")
     fb = [d for d in m.decisions if d["fallback"]]
     if m.decisions:
         table += (f"<p class='meta'>{len(m.decisions)} audited decisions, {len(fb)} fallbacks "

@@ -54,7 +54,8 @@ def make_replay_output(out: Path, audit: bool = True, db: bool = True) -> Path:
                                                  "seeds": "0,1", "cost_basis": "rented"},
                "markets": {"PJM": {"window": {"start": START.isoformat(), "end": (START + timedelta(minutes=15))
                                               .isoformat(), "mean_price_usd_mwh": 80.0, "rule": "max"},
-                                   "policies": pol}}}
+                                   "policies": pol,
+                                   "hindsight": {"valid": False, "invalid_seeds": [1], "beaten_by": ["oracle"]}}}}
     (out / "results.json").write_text(json.dumps(results))
     if db:
         rows, reqs = [], []
@@ -105,6 +106,7 @@ def test_report_page_and_figures_from_a_replay_output(tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
         assert (page.parent / "figures" / f"PJM-{f.stem}.svg").read_text().lstrip().startswith("<svg")
     assert "Hindsight headroom" in text and "4 audited decisions, 2 fallbacks" in text
+    assert "not an upper bound here: beaten by oracle in seeds 1" in text
 
 
 def test_report_rows_are_what_the_sources_say(tmp_path):
