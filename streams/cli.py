@@ -101,7 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes (one job = one market/seed workload under every policy)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--report", action="store_true", help="then write the HTML report and figures under OUT/report")
     p.set_defaults(_run="streams.replay.cli:run")
+
+    p = sub.add_parser("report", help="HTML report (offline, one file) and PNG/SVG figures of a replay output")
+    p.add_argument("out_dir", metavar="OUT", help="a replay's --out directory (results.json, replay.duckdb, audit/)")
+    p.add_argument("--dest", default=None, help="directory for report.html and figures/ (default OUT/report)")
+    p.add_argument("--no-figures", action="store_true", help="the HTML page only, no PNG/SVG files")
+    p.set_defaults(_run="streams.report.cli:run")
 
     p = sub.add_parser("data", help="what is bundled, and what a window would contain")
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="WHAT")
@@ -178,6 +185,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help='DuckDB memory limit, e.g. "512MB", "4 GB" (default 1 GB; no spilling; exit code 3)')
     a.add_argument("--threads", type=int, default=2, help="DuckDB threads for the query (default 2)")
     a.set_defaults(_run="sinks.sql:run")
+    a = asub.add_parser("export", help="one decision's chosen plan as an actuator's input (HPA, KEDA, nvidia-smi, "
+                        "vLLM, deferral); printed, never applied")
+    a.add_argument("--decision", required=True, help="decision id (or a replay record's live id, or a unique prefix)")
+    a.add_argument("--format", required=True, choices=("hpa", "keda", "nvidia-smi", "vllm", "deferral"),
+                   help="hpa: autoscaling/v2 HPAs; keda: ScaledObjects; nvidia-smi: SM clock commands; "
+                   "vllm: `vllm serve` arguments; deferral: hold/release list of deferrable work")
+    a.add_argument("--audit-dir", default="audit")
+    a.add_argument("--deployment", default="{model}-{gpu}",
+                   help="Deployment name template per pool (keys: model, gpu, site; default {model}-{gpu})")
+    a.add_argument("--output", default=None, help="file to write (default stdout)")
+    a.set_defaults(_run="sinks.audit_export:run")
+    a = asub.add_parser("summary", help="decisions, fallbacks by reason, predicted savings, realized regret, "
+                        "top plans (table; --csv FILE)")
+    a.add_argument("--audit-dir", default="audit")
+    a.add_argument("--csv", default=None, metavar="FILE", help="also write the answers as long-form CSV")
+    a.set_defaults(_run="sinks.audit_summary:run")
 
     p = sub.add_parser("broker", help="local Kafka-compatible broker (Tansu, in memory) for a demo; NOT production")
     p.add_argument("--port", type=int, default=9092)

@@ -97,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print_tables(results, args.cost_basis)
     print(f"\nwrote {out / 'results.json'} and {out / 'replay.duckdb'}")
+    if getattr(args, "report", False):
+        # lazy: altair and vl-convert load only when a report is asked for, not on every replay
+        from streams.report.page import build
+
+        print(f"wrote {build(out)} and figures under {out / 'report' / 'figures'}")
     return 0
 
 
