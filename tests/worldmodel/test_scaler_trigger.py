@@ -199,7 +199,26 @@ def test_a_deferrable_backlog_with_ample_slack_does_not_scale_up() -> None:
     assert slack(rt) == 1
     assert tick(rt) == 1
     rt = queued([{"cls": "batch", "inp": 10000, "deadline": 60.0}] * 4000, "v1")  # past helping
+    assert slack(rt) == 0  # no deadline a replica started now could still help with: no say
+    assert tick(rt) == 1
+
+
+def test_the_slack_trigger_lets_an_oversized_fleet_scale_down() -> None:
+    """Eight idle warm replicas, deferrable work one replica finishes well before its deadline: the trigger asks
+    for the fewest replicas that meet it, not for the fleet it has (which would pin it at its peak)."""
+    rt = runtime([{"cls": "batch", "inp": 10000, "deadline": 86400.0}] * 100, "v1", floor=8, ceil=16, autoscale=True)
+    for i in range(100):
+        enqueue(rt.req, rt.q, rt.si, i, False)
+    rt.pools.floor[rt.pool_keys.index((SITE, M70, "H100"))] = 1
     assert slack(rt) == 1
+    assert tick(rt) == 1
+    rt = runtime([{"cls": "batch", "inp": 10000, "deadline": 1200.0}] * 2000, "v1", floor=8, ceil=16, autoscale=True)
+    for i in range(2000):  # work that needs some but not all of them
+        enqueue(rt.req, rt.q, rt.si, i, False)
+    rt.pools.floor[rt.pool_keys.index((SITE, M70, "H100"))] = 1
+    need = slack(rt)
+    assert 1 < need < 8
+    assert tick(rt) == need
 
 
 N_SLACK = 1500

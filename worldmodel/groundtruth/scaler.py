@@ -20,10 +20,11 @@ Autoscaler triggers per model and site (Physics.scaler_trigger; si[S_SCALER_TRIG
   the warm and loading replicas until D (loading ones from their ready time), less the interactive sequences'
   share of their slots, at the autoscaler's target utilization, is compared with the work; a shortfall adds
   ceil(shortfall / (new replica rate x target x (D - now - cold start))) replicas of the pool scale-up would
-  grow first, where that leaves more than SLACK_MIN_S of useful time (a deadline closer than that is past
-  helping). desired = max(the other triggers, current + the largest addition over the deadlines; at least one
-  replica while deferrable work is left), then bounded like the others (x2 or +4 per tick, 300 s
-  scale-down stabilization, the plan's floors and ceilings).
+  grow first; without a shortfall the deadline needs the fewest replicas of the current mean rate that meet
+  it. Only deadlines more than SLACK_MIN_S after a cold start count (a closer one is past helping, and
+  draining replicas finish their own work). desired = max(the other triggers, the most any deadline needs;
+  at least one replica while deferrable work is left), then bounded like the others (x2 or +4 per tick,
+  300 s scale-down stabilization, the plan's floors and ceilings).
 - ``legacy``: the trigger before v1, bit for bit: waiting = queued interactive + admitted sequences before
   their first token + queued deferrable work (unless admission is HOLD), all into the backlog trigger.
 
@@ -366,8 +367,8 @@ def deferrable_slack(
     t: float,
 ) -> int:  # fmt: skip
     """Replicas model m needs at one site so its deferrable work meets its deadlines (the slack trigger, v1;
-    the module docstring has the rule): current + the largest addition over the deadline prefixes, at least
-    one while deferrable work is left; 0 when there is none."""
+    the module docstring has the rule): the most any deadline prefix needs, at least one while deferrable work
+    is left; 0 when there is none."""
     n_sites = si[S_N_SITES]
     every = (1 << n_sites) - 1
     out_est = deferrable_out_estimate(sf, m)
@@ -452,20 +453,25 @@ def deferrable_slack(
     inter_rate = rate_warm * inter / slots if slots > 0 else 0.0  # tokens/s the interactive sequences take
     # the pool scale-up grows first (place_desired: lowest priority value with room under its ceiling)
     p_new = -1
+    load_new = 0.0
     for p in range(n_pools):
-        if pools.model[p] == m and pools.site[p] == site and pool_count(rep, pools, p) < pools.ceil[p]:
-            if p_new < 0 or pools.priority[p] < pools.priority[p_new]:
+        if pools.model[p] == m and pools.site[p] == site:
+            load_new = max(load_new, pools.coef[p, C_LOAD])
+            if pool_count(rep, pools, p) < pools.ceil[p] and (p_new < 0 or pools.priority[p] < pools.priority[p_new]):
                 p_new = p
-    least = 1 if current == 0 else 0
-    if p_new < 0:
-        return current
     target = sf[S_AS_TARGET] if sf[S_AS_TARGET] > 0 else 1.0
-    load_new = pools.coef[p_new, C_LOAD]
-    rate_new = token_rate(pools.coef[p_new], pools.max_batch[p_new], pre_mean, out_mean, ctx) * target
-    if rate_new <= 0.0:
-        return current + least
-    # (3) each deadline prefix (earliest and latest deadline of every bin): the replicas it needs added now
-    add = 0
+    rate_new = 0.0
+    if p_new >= 0:
+        load_new = pools.coef[p_new, C_LOAD]
+        rate_new = token_rate(pools.coef[p_new], pools.max_batch[p_new], pre_mean, out_mean, ctx) * target
+    rate_mean = 0.0
+    for r in range(n_rep):
+        rate_mean += rate[r]
+    rate_mean = rate_mean / current if current > 0 else 0.0
+    # (3) each deadline prefix (earliest and latest deadline of every bin): the replicas it needs; with the
+    # current ones short, current + the replicas that close the shortfall after their cold start; else the
+    # fewest replicas of the current mean rate that meet it (so the trigger never holds an idle fleet up)
+    need = 1 if current == 0 else 0
     cum = 0.0
     for b in range(SLACK_BINS):
         if w_bin[b] == 0.0:
@@ -482,9 +488,14 @@ def deferrable_slack(
                     cap += rate[r] * (x - delay[r])
             cap = max(0.0, cap - inter_rate * x) * target
             if work > cap:
-                add = max(add, int(math.ceil((work - cap) / (rate_new * useful))))
+                n = current
+                if rate_new > 0.0:
+                    n += int(math.ceil((work - cap) / (rate_new * useful)))
+            else:
+                n = int(math.ceil((work / target + inter_rate * x) / (rate_mean * x)))
+            need = max(need, n)
         cum += w_bin[b]
-    return current + max(add, least)
+    return need
 
 
 @njit(cache=True)
