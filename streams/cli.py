@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--emit-observations", action="store_true", help="write the observation stream under OUT/")
     p.add_argument("--fp8-speedup-scale", type=float, default=1.0, help="sensitivity: scale the modeled FP8 gain")
     p.add_argument(
+        "--scaler-trigger", choices=("v1", "legacy"), default="v1",
+        help="autoscaler triggers: v1 (vLLM V1 waiting gauge, interactive backlog + deferrable deadline slack; "
+        "the one of record) or legacy (the old backlog trigger, deferrable work included)",
+    )  # fmt: skip
+    p.add_argument(
         "--clock-power-exponent",
         type=float,
         default=None,

@@ -186,6 +186,7 @@ def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
 def _physics(args: argparse.Namespace) -> Physics:
     return Physics(
         fp8_speedup_scale=args.fp8_speedup_scale,
+        scaler_trigger=getattr(args, "scaler_trigger", "v1"),
         **({"clock_power_exponent": args.clock_power_exponent} if args.clock_power_exponent else {}),
     )
 

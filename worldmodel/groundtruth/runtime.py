@@ -29,6 +29,8 @@ _ADMISSION = {
     BatchAdmission.PRESSURE: st.ADM_PRESSURE,
     BatchAdmission.HOLD: st.ADM_HOLD,
 }
+#: Physics.scaler_trigger -> the compiled state's si[S_SCALER_TRIGGER]
+SCALER_TRIGGERS = {"v1": st.SCALER_V1, "legacy": st.SCALER_LEGACY}
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,9 @@ class SiteRuntime:
         self.sf = np.zeros(st.N_FSCALARS)
         self.si = np.zeros(st.N_ISCALARS, i8)
         self.si[st.S_N_SITES] = len(self.sites)
+        if self.physics.scaler_trigger not in SCALER_TRIGGERS:
+            raise ValueError(f"scaler_trigger {self.physics.scaler_trigger!r}: one of {sorted(SCALER_TRIGGERS)}")
+        self.si[st.S_SCALER_TRIGGER] = SCALER_TRIGGERS[self.physics.scaler_trigger]
         self.sf[st.S_NEXT_TEL] = 10.0
         self.sf[st.S_NEXT_AS] = 15.0
         self.sf[st.S_NODE_OVERHEAD_H100] = node_overhead_w("H100")

@@ -161,15 +161,23 @@ class Logs(NamedTuple):
 
 
 # Mutable scalars live in two arrays, sf (float64) and si (int64), indexed by these constants.
+MAX_MODELS = 8
 # float scalars
 S_NOW, S_NEXT_TEL, S_NEXT_AS, S_NODE_OVERHEAD_H100, S_NODE_OVERHEAD_A100 = range(5)
 S_GAMMA, S_TOKEN_BUDGET, S_RELEASE_MARGIN, S_AS_TARGET, S_LOAD_POWER_FRAC = range(5, 10)
-N_FSCALARS = 10
+# completed deferrable requests of model m: output tokens summed at S_DOUT_SUM + m, count at S_DOUT_N + m (the
+# autoscaler's running mean of deferrable output length; read only after completion)
+S_DOUT_SUM = 10
+S_DOUT_N = S_DOUT_SUM + MAX_MODELS
+N_FSCALARS = S_DOUT_N + MAX_MODELS
 # int scalars
 S_ARR_PTR, S_ADMISSION, S_ROUTING, S_EDF, S_AUTOSCALE, S_HEAP_N, S_AS_TICK, S_N_SITES = range(8)
 S_RR = 8  # round-robin pointer of model m at S_RR + m (one per model: a shared one skews the rotation)
-MAX_MODELS = 8
-N_ISCALARS = S_RR + MAX_MODELS
+S_SCALER_TRIGGER = S_RR + MAX_MODELS  # SCALER_V1 or SCALER_LEGACY (Physics.scaler_trigger)
+S_DONE_PTR = S_SCALER_TRIGGER + 1  # completions already folded into the S_DOUT_* running mean
+N_ISCALARS = S_DONE_PTR + 1
+# autoscaler trigger semantics: vLLM V1 waiting gauge + deferrable slack trigger, or the old backlog trigger
+SCALER_V1, SCALER_LEGACY = 0, 1
 
 
 #: Logs fields holding integers (the rest are float64).
