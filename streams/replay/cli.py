@@ -177,6 +177,7 @@ def _physics(args: argparse.Namespace) -> Physics:
     return Physics(
         fp8_speedup_scale=args.fp8_speedup_scale,
         **({"clock_power_exponent": args.clock_power_exponent} if args.clock_power_exponent else {}),
+        cold_start_s=getattr(args, "cold_start_s", None),
     )
 
 
