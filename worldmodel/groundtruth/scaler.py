@@ -381,7 +381,7 @@ def telemetry_tick(
         else:
             a_dec = _DEC_0 + _DEC_BW * decode_hbm_util(rep, pools, r)
             a_dec += _DEC_BATCH * min(1.0, math.log2(max(rep.n[r], 1)) / 8.0)
-            a_dec = min(1.0, max(0.0, a_dec))
+            a_dec = min(_A_PREFILL, max(0.0, a_dec))  # nothing draws more than the power limit allows
             act = pf * _A_PREFILL * (min(f_set, f_pl) / f_pl) ** gamma + (util - pf) * a_dec * (f_set / fmax) ** gamma
             clock_eff = f_set - pf * max(0.0, f_set - f_pl)
         idle = rep.coef[r, C_IDLE]

@@ -9,7 +9,8 @@ Per GPU, over a telemetry interval in which the replica spends `prefill_share` o
 * A_PREFILL = 0.99 (measured): the project's H200 drew 693 W (bf16) / 694 W (fp8) of its 700 W limit in 8k-token
   prefill, with the clock pulled down to f_pl by the power limit (tables.POWER_LIMITED_CLOCK_MHZ); Splitwise
   A100 peak power reaches 0.98-1.09 x TDP in every configuration. A clock target above f_pl changes nothing.
-* a_dec(u, n) = DEC_0 + DEC_BW x u + DEC_BATCH x min(1, log2(n) / 8), clipped to [0, 1] (fitted): u is the
+* a_dec(u, n) = DEC_0 + DEC_BW x u + DEC_BATCH x min(1, log2(n) / 8), clipped to [0, A_PREFILL] (fitted; the
+  power limit caps it, and the fit's points span u = 0.17-0.62, so higher u is an extrapolation): u is the
   step's HBM bandwidth utilization (bytes read per GPU per step / step time / datasheet HBM bandwidth), n the
   decoding sequences. Memory-bound decode draws power in proportion to the bandwidth it moves, plus a small
   rise with batch (more tensor-core work per byte). Fitted by least squares to `DECODE_POWER_POINTS`: the H200
@@ -97,11 +98,11 @@ def decode_activity(hbm_util: float, batch: float) -> float:
 
     Examples
     --------
-    >>> decode_activity(0.2, 1) < decode_activity(0.2, 64) < decode_activity(0.6, 64) <= 1.0
+    >>> decode_activity(0.2, 1) < decode_activity(0.2, 64) < decode_activity(0.6, 64) <= A_PREFILL.value
     True
     """
     a = DEC_0.value + DEC_BW.value * hbm_util + DEC_BATCH.value * _batch_feature(batch)
-    return min(1.0, max(0.0, a))
+    return min(A_PREFILL.value, max(0.0, a))  # no activity draws more than the power limit allows
 
 
 def decode_fit_error() -> dict[str, float]:
