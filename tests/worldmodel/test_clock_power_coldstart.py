@@ -204,3 +204,15 @@ def test_cold_start_cli_flag_reaches_physics() -> None:
     args = build_parser().parse_args(["replay", "--cold-start-s", "300"])
     assert _physics(args).cold_start_s == 300.0
     assert _physics(build_parser().parse_args(["replay"])).cold_start_s is None
+
+
+def test_precision_reload_pays_the_cold_start_too() -> None:
+    """A precision change restarts the pod with other weights: the reload waits the same cold start."""
+    for physics, expect in ((None, tables.weights_load_s(M8, 1, "fp8")), (Physics(cold_start_s=60.0), 60.0)):
+        rt = _runtime([(1.0, 100, 2)], _plan(1), physics)
+        rt.advance(30.0)
+        rt.apply_plan(Plan(pools=(PoolPlan(SITE, M8, "H100", 1, 1, 1, "fp8", 256, 1980.0),), routing=Routing.LEAST_LOAD,
+                           ordering=Ordering.EDF, batch_admission=BatchAdmission.PRESSURE, autoscale=False,
+                           label="test: fp8"))  # fmt: skip
+        (r,) = np.flatnonzero(rt.rep.state == st.LOADING)
+        assert rt.rep.ready_at[r] == pytest.approx(30.0 + expect)
