@@ -96,7 +96,10 @@ DEFAULT_TP: dict[tuple[str, GpuType], int] = {
 #: 400 W) plus the non-GPU node power implied by Splitwise's idle servers (REFERENCES.md); modeled. It is what
 #: the ground truth's power model draws at full load (tests/worldmodel/test_physics.py pins the two together),
 #: not the 10.2 kW / 6.5 kW DGX provisioning ratings, which no node of the model reaches.
-NODE_PEAK_W: dict[GpuType, float] = {GpuType.H100: 8 * 700.0 + 2_240.0, GpuType.A100: 8 * 400.0 + 1_100.0}
+NODE_PEAK_W: dict[GpuType, float] = {  # 8 GPUs in power-limited prefill (idle + 0.99 x (limit - idle)) + non-GPU
+    GpuType.H100: 8 * (129.0 + 0.99 * (700.0 - 129.0)) + (2_800.0 - 8 * 129.0),
+    GpuType.A100: 8 * (73.7 + 0.99 * (400.0 - 73.7)) + (1_500.0 - 8 * 73.7),
+}
 #: Site power cap as a share of the whole fleet's peak: binds at maximum clock with every GPU busy.
 POWER_CAP_SHARE = 0.85
 MARKET_REGION: dict[str, str] = {"PJM": "us-east", "ERCOT": "us-central", "CAISO": "us-west"}

@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="sensitivity: override the modeled clock-power exponent",
     )
+    p.add_argument(
+        "--cold-start-s",
+        type=float,
+        default=None,
+        help="sensitivity: every replica start and precision reload takes this many seconds "
+        "(default: the cited per-model figure, worldmodel/physics/tables.py)",
+    )
     p.add_argument("--out", default="out/replay", help="output directory")
     p.add_argument(
         "--jobs",

@@ -188,6 +188,7 @@ def _physics(args: argparse.Namespace) -> Physics:
         fp8_speedup_scale=args.fp8_speedup_scale,
         scaler_trigger=getattr(args, "scaler_trigger", "v1"),
         **({"clock_power_exponent": args.clock_power_exponent} if args.clock_power_exponent else {}),
+        cold_start_s=getattr(args, "cold_start_s", None),
     )
 
 

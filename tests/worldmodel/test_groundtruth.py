@@ -169,7 +169,7 @@ def test_conservation_with_unfinished_work(wl: Workload) -> None:
 
 
 #: non-GPU power of a powered 8-GPU node (W): Splitwise idle node power minus 8 idle GPUs (worldmodel/physics/power.py)
-NODE_OVERHEAD_W = {"H100": 2240.0, "A100": 1100.0}
+NODE_OVERHEAD_W = {"H100": 2800.0 - 8 * 129.0, "A100": 1500.0 - 8 * 73.7}  # Splitwise idle node - 8 GPU idle
 PUE = 1.3  # schemas/cost.py default
 
 

@@ -2,8 +2,8 @@
 
 (a) a precision change mid-run reloads the pool's replicas: they serve nothing while loading, their GPUs are
     still held (and counted) meanwhile, and afterwards they serve at the new precision's speed;
-(b) thermal throttling: sustained full load at the maximum clock heats a replica past the threshold, lowering
-    its effective clock and slowing its steps; the same load at a low clock does not;
+(b) no hidden thermal slowdown (it had no cited magnitude): sustained full load at the maximum clock leaves a
+    prefill-bound probe exactly as fast as on a fresh replica, and telemetry temperature follows power;
 (c) the site power-cap controller pulls a fully busy fleet at maximum clock to at or under the cap and keeps it
     there, and does nothing when the fleet draws less than the cap.
 
@@ -27,7 +27,6 @@ from worldmodel.physics import step_coefficients
 MARKET, SITE = "PJM", "site-pjm"
 M8 = "llama-3.1-8b"  # TP1: one GPU per replica
 TEL_DT = 10.0
-THERMAL_ONSET = 0.75  # hidden heat above which steps slow (worldmodel/groundtruth/replica.py)
 
 
 def pool(gpu: str, n: int, *, precision: str = "bf16", clock: float | None = None) -> PoolPlan:
@@ -135,11 +134,12 @@ def test_precision_switch_reloads_serves_nothing_while_loading_then_serves_faste
     rt.advance(600.0)
     t = tel(rt).filter(pl.col("rep").is_in(reps.tolist()))
     during = t.filter((pl.col("t") > SWITCH_S) & (pl.col("t") < ready_at))
-    assert during.height == 2 * 4  # ticks at 130 .. 160 s for each replica
+    ticks = int(np.ceil((ready_at - SWITCH_S) / TEL_DT)) - 1  # ticks at 130, 140, .. s before ready_at
+    assert during.height == 2 * ticks
     assert (during["state"] == st.LOADING).all() and (during["util"] == 0.0).all()
     # ... yet the GPUs are held: counted in the site's warm-or-loading GPUs (GPU-hours) and drawing power
     s = site_log(rt).filter((pl.col("t") > SWITCH_S) & (pl.col("t") < ready_at))
-    assert s["gpus"].to_list() == [2.0] * 4 and s["loading"].to_list() == [2.0] * 4
+    assert s["gpus"].to_list() == [2.0] * ticks and s["loading"].to_list() == [2.0] * ticks
     assert (during["power"] > bf16.idle_power_w).all()
     first_after = rt.req.first[rt.req.first > SWITCH_S]
     assert first_after.min() >= ready_at  # service resumes only once the weights are loaded
@@ -147,7 +147,7 @@ def test_precision_switch_reloads_serves_nothing_while_loading_then_serves_faste
     # afterwards: the probe, alone, runs at exactly the fp8 step times (faster than bf16)
     k = rt.requests.height - 1
     assert np.isfinite(rt.req.done).all() and rt.req.rep[k] in reps
-    assert (rt.rep.heat[reps] < THERMAL_ONSET).all() and rt.hw.site_throttle[0] == 1.0
+    assert rt.hw.site_throttle[0] == 1.0
     at, inp, out = PROBE
     ttft, tpot = rt.req.first[k] - at, (rt.req.done[k] - rt.req.first[k]) / (out - 1)
     assert ttft == pytest.approx(alone_ttft(fp8, inp), rel=1e-9)
@@ -168,7 +168,7 @@ def test_reapplying_the_same_precision_does_not_reload() -> None:
     assert not (rt.logs.ev_kind[:n_ev] == st.EV_RECONFIGURED).any()
 
 
-# --- (b) thermal throttling under sustained high clock ---------------------------------------------------------
+# --- (b) no hidden thermal slowdown ---------------------------------------------------------------------------
 
 WARMUP = [(2.0 * k, 3000, 300) for k in range(450)]  # ~15 minutes keeping one 8B replica fully busy
 PROBE_AT, PROBE_INP = 911.0, 8000  # a prefill-bound probe right after the warm-up, alone on the replica
@@ -186,30 +186,20 @@ def _probe_ttft(clock: float, warm: bool) -> tuple[float, SiteRuntime]:
 
 
 @pytest.mark.parametrize("clock", [1980.0, 1095.0])
-def test_sustained_load_heats_only_at_high_clock(clock: float) -> None:
+def test_sustained_load_does_not_slow_a_replica(clock: float) -> None:
     hot_ttft, rt = _probe_ttft(clock, warm=True)
-    cold_ttft, cold = _probe_ttft(clock, warm=False)  # the same probe on a fresh, cool replica
+    cold_ttft, _ = _probe_ttft(clock, warm=False)  # the same probe on a fresh replica
     r = int(rt.req.rep[-1])
     t = tel(rt).filter(pl.col("rep") == r)
-    assert t.filter((pl.col("t") > 10) & (pl.col("t") <= 900))["util"].min() > 0.95  # sustained full load
-    heat = float(rt.rep.heat[r])
-    assert cold.rep.heat[r] == pytest.approx(0.0, abs=0.01)
-    if clock == 1980.0:
-        # hot: the effective clock in telemetry falls below the locked clock once heat passes the onset
-        assert heat > THERMAL_ONSET + 0.1
-        early, late = t.filter(pl.col("t") <= 300), t.filter((pl.col("t") > 800) & (pl.col("t") <= 900))
-        assert (early["clock"] == clock).all()
-        assert late["clock"].max() < 0.95 * clock and late["temp"].min() > early["temp"].max()
-        # ... and its steps slow: compute-bound terms by the thermal factor, memory-bound ones by its 0.2 power
-        thermal = 1.0 + (heat - THERMAL_ONSET) * 0.4
-        c = step_coefficients(M8, "H100", 1, "bf16", clock)
-        assert hot_ttft == pytest.approx(alone_ttft(c, PROBE_INP, thermal, thermal**0.2), rel=1e-9)
-        assert hot_ttft > 1.04 * cold_ttft
-    else:
-        # the same sustained load at a low clock stays below the onset: no clock drop, no slowdown
-        assert heat < THERMAL_ONSET
-        assert (t["clock"] == clock).all()
-        assert hot_ttft == pytest.approx(cold_ttft, rel=1e-12)
+    busy = t.filter((pl.col("t") > 10) & (pl.col("t") <= 900))
+    assert busy["util"].min() > 0.95  # sustained full load
+    assert hot_ttft == pytest.approx(cold_ttft, rel=1e-12)
+    c = step_coefficients(M8, "H100", 1, "bf16", clock)
+    assert hot_ttft == pytest.approx(alone_ttft(c, PROBE_INP), rel=1e-9)
+    # the clock in telemetry never exceeds the target; temperature is a function of power alone
+    assert (t["clock"] <= clock).all()
+    temp = 32.6 + 0.034 * t["power"].to_numpy()
+    assert t["temp"].to_numpy() == pytest.approx(temp, rel=1e-12)
 
 
 # --- (c) the site power-cap controller -------------------------------------------------------------------------
@@ -259,4 +249,4 @@ def test_power_cap_controller_does_not_act_under_the_cap() -> None:
     assert (rt.rep.thr[rt.rep.state == st.WARM] == 1.0).all()
     t = tel(rt)
     locked = np.where(rt.pools.gpu[rt.rep.pool[t["rep"].to_numpy()]] == 0, 1095.0, 1005.0)
-    assert (t["clock"].to_numpy() == locked).all()  # effective clock = locked clock: neither cap nor heat acts
+    assert (t["clock"].to_numpy() == locked).all()  # effective clock = locked clock: the cap does not act

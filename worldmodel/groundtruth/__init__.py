@@ -3,8 +3,10 @@
 Nothing under optimizer/, forecasting/ or the planner's model (worldmodel.servingmodel, .forward, .snapshot,
 .selfcal, .state) may import this package, and it imports only the contract (schemas/) and its physics: the
 import-linter contracts in pyproject.toml, checked by tests/test_layers.py.
-It has effects the planner must learn from telemetry: per-node step-time variation up to +-15%, thermal
-throttling under sustained high clock, a site power-cap controller, and output lengths unknown until done.
+It has effects the planner must learn from telemetry: per-node step-time variation up to +-15%, a site
+power-cap controller, compute-bound work held at the GPU's power-limited clock, activity-dependent power, and
+output lengths unknown until done. (The earlier hidden thermal slowdown had no cited magnitude and is gone;
+telemetry temperature is a display-only function of power.)
 """
 
 from __future__ import annotations

@@ -26,17 +26,20 @@ from worldmodel.groundtruth.state import (
     Replicas,
     Requests,
 )
+from worldmodel.physics.clock import DECODE_CLOCK_EXPONENT
 
 BLOCK_TOKENS = 512
+_DECODE_EXP = DECODE_CLOCK_EXPONENT.value
 
 
 @njit(cache=True)
 def slowdown(rep: Replicas, r: int) -> tuple:
-    """Hidden multipliers (compute-bound, memory-bound) from node variation, thermal state and power cap."""
-    thermal = 1.0 + max(0.0, rep.heat[r] - 0.75) * 0.4  # up to +10% when hot
-    throttle = rep.thr[r]
-    compute = rep.speed[r] * thermal / throttle
-    memory = rep.speed[r] * (thermal / throttle) ** 0.2
+    """Hidden multipliers (compute-bound, memory-bound) from node variation and the site power cap.
+
+    Compute-bound work slows only once the cap pulls the clock below the power-limited clock it already held
+    (thr_cmp); memory-bound work by the clock share to the decode clock exponent (worldmodel.physics.clock)."""
+    compute = rep.speed[r] / rep.thr_cmp[r]
+    memory = rep.speed[r] * (1.0 / rep.thr[r]) ** _DECODE_EXP
     return compute, memory
 
 

@@ -8,7 +8,17 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from schemas.fleet import DEFAULT_TP, GPU_INDEX, GPUS_PER_NODE, PRECISION_INDEX, SM_CLOCK_RANGE_MHZ, GpuType, Site
+from schemas.fleet import (
+    DEFAULT_TP,
+    GPU_INDEX,
+    GPUS_PER_NODE,
+    PRECISION_INDEX,
+    SM_CLOCK_RANGE_MHZ,
+    GpuType,
+    Precision,
+    Site,
+)  # fmt: skip
+from schemas.models import model_spec
 from schemas.plan import BatchAdmission, Ordering, Plan, Routing
 from schemas.protocol import CLASSES
 from worldmodel.groundtruth import state as st
@@ -17,6 +27,7 @@ from worldmodel.groundtruth.reconfigure import reload_replica
 from worldmodel.groundtruth.scaler import log_event, start_replica
 from worldmodel.groundtruth.state import TEL_DT
 from worldmodel.physics import node_overhead_w, step_coefficients
+from worldmodel.physics.tables import gpu_spec, power_limited_clock_mhz
 
 MODELS = ("llama-3.1-8b", "llama-3.1-70b")
 _ROUTING = {
@@ -47,9 +58,22 @@ class Physics:
 
 
 def coef_row(model: str, gpu: str, tp: int, precision: str, clock_mhz: float, physics: Physics) -> np.ndarray:
-    """Coefficient row in worldmodel.physics.COEFF_FIELDS order (the engine's state.C_* columns)."""
+    """Coefficient row in worldmodel.physics.COEFF_FIELDS order (the engine's state.C_* columns).
+
+    With `physics.cold_start_s` set, every replica start (and precision reload) takes that many seconds instead
+    of the cited default (worldmodel.physics.tables.weights_load_s)."""
     c = step_coefficients(model, gpu, tp, precision, clock_mhz, fp8_speedup_scale=physics.fp8_speedup_scale)
-    return c.as_array()
+    row = c.as_array()
+    if physics.cold_start_s is not None:
+        if physics.cold_start_s < 0:
+            raise ValueError(f"cold_start_s must be >= 0, got {physics.cold_start_s}")
+        row[st.C_LOAD] = physics.cold_start_s
+    return row
+
+
+def weight_read_s(model: str, gpu: str, tp: int, precision: str) -> float:
+    """Seconds to read one GPU's weight shard at the datasheet HBM bandwidth (the decode power model's u)."""
+    return model_spec(model).weight_bytes(Precision(precision)) / tp / (gpu_spec(gpu).hbm_tb_s * 1e12)
 
 
 def _hardware(sites: tuple[Site, ...], fleet_seed: int) -> st.Hardware:
@@ -155,6 +179,7 @@ class SiteRuntime:
             np.zeros(n_pool), np.zeros(n_pool, i8), np.zeros((n_pool, st.N_COEF)), np.arange(n_pool, dtype=i8),
             np.array(slot_lo, i8), np.array(slot_hi, i8), np.zeros((len(MODELS) * len(self.sites), 20), i8),
             np.array([site_idx[s] for s, _, _ in self.pool_keys], i8),
+            np.array([power_limited_clock_mhz(g) for _, _, g in self.pool_keys]), np.zeros(n_pool),
         )  # fmt: skip
         rep_pool = np.zeros(n_rep, i8)
         for p in range(n_pool):
@@ -162,7 +187,7 @@ class SiteRuntime:
         mb = st.MAX_BATCH
         f8z, i8z = (lambda: np.zeros(n_rep)), (lambda: np.zeros(n_rep, i8))
         self.rep = st.Replicas(
-            rep_pool, i8z(), f8z(), i8z(), np.ones(n_rep), f8z(), np.zeros((n_rep, st.N_COEF)), i8z(), i8z(),
+            rep_pool, i8z(), f8z(), i8z(), np.ones(n_rep), np.ones(n_rep), np.zeros((n_rep, st.N_COEF)), i8z(), i8z(),
             np.zeros((n_rep, mb), i8), np.zeros((n_rep, mb), i8), np.zeros((n_rep, mb), i8), i8z(), i8z(),
             f8z(), f8z(), i8z(), i8z(), f8z(), f8z(), np.full((n_rep, st.CACHE_SLOTS), -1, i8), f8z(),
             np.full(n_rep, -1, i8), f8z(), f8z(), f8z(), np.ones(n_rep),
@@ -220,6 +245,7 @@ class SiteRuntime:
             reload = self.plan is not None and prec != self.pools.prec[p]
             self.pools.prec[p] = prec
             self.pools.coef[p, :] = row
+            self.pools.w_read_s[p] = weight_read_s(m, g, int(self.pools.tp[p]), pp.precision)
             for r in range(self.pools.slot_lo[p], self.pools.slot_hi[p]):
                 if self.rep.state[r] == st.OFF:
                     continue

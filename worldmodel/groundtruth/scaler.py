@@ -1,5 +1,5 @@
 """Compiled fleet control inside a period: the HPA-like autoscaler (15 s), replica lifecycle, GPU placement,
-and the 10 s telemetry tick with the site power-cap controller and the hidden thermal state.
+and the 10 s telemetry tick with activity-dependent power and the site power-cap controller.
 
 Autoscaler triggers per model and site (Physics.scaler_trigger; si[S_SCALER_TRIGGER]):
 
@@ -40,7 +40,7 @@ import math
 import numpy as np
 from numba import njit
 
-from worldmodel.groundtruth.replica import credit_busy
+from worldmodel.groundtruth.replica import credit_busy, slowdown
 from worldmodel.groundtruth.state import (
     ADM_HOLD,
     C_BASE,
@@ -82,8 +82,18 @@ from worldmodel.groundtruth.state import (
     Replicas,
     Requests,
 )
+from worldmodel.physics.power import A_PREFILL, DEC_0, DEC_BATCH, DEC_BW
+from worldmodel.physics.tables import HBM_EFFICIENCY
 
 STABILIZATION_TICKS = 20  # 300 s of 15 s ticks
+# power model constants (worldmodel.physics.power), frozen into the compiled code
+_A_PREFILL = A_PREFILL.value
+_DEC_0, _DEC_BW, _DEC_BATCH = DEC_0.value, DEC_BW.value, DEC_BATCH.value
+_HBM_EFF = HBM_EFFICIENCY
+#: Telemetry GPU temperature (C) = _TEMP_C0 + _TEMP_C_PER_W x board power: a line through the project's H200
+#: phases (37 C at 129 W idle, 53 C at 664 W decode, 58 C at 693 W prefill; 8 s phases, not steady state).
+#: Display only: no thermal effect on speed is modeled (none with a cited magnitude).
+_TEMP_C0, _TEMP_C_PER_W = 32.6, 0.034
 TOLERANCE = 0.1
 WAITING_PER_REPLICA = 5.0  # KEDA threshold on vllm:num_requests_waiting (REFERENCES.md)
 # Deferrable slack trigger (v1). Modeling choices, not measurements:
@@ -602,6 +612,21 @@ def place_desired(
 
 
 @njit(cache=True)
+def decode_hbm_util(rep: Replicas, pools: Pools, r: int) -> float:
+    """HBM bandwidth utilization (0-1) of replica r's decode step at its current batch and KV.
+
+    Bytes read per GPU per step at the datasheet bandwidth (the weight shard, w_read_s, plus the batch's KV at
+    the KV coefficient's roofline share, HBM_EFFICIENCY) over the step's modeled time."""
+    c = rep.coef[r]
+    n = max(rep.n[r], 1)
+    _, memory = slowdown(rep, r)
+    t_step = (c[C_BASE] + c[C_SEQ] * n + c[C_KV] * rep.kv[r]) * memory
+    if t_step <= 0.0:
+        return 0.0
+    return min(1.0, (pools.w_read_s[rep.pool[r]] + _HBM_EFF * c[C_KV] * rep.kv[r]) / t_step)
+
+
+@njit(cache=True)
 def telemetry_tick(
     rep: Replicas,
     pools: Pools,
@@ -613,7 +638,12 @@ def telemetry_tick(
     si: np.ndarray,
     t: float,
 ) -> None:
-    """Sample every live replica (DCGM-style), advance lifecycle and thermal state, run each site's power-cap loop."""
+    """Sample every live replica (DCGM-style), advance lifecycle state, run each site's power-cap loop.
+
+    Power per GPU follows worldmodel.physics.power: the tick's prefill share draws near the limit at the clock
+    the power limit allows (a clock target above it changes nothing), its decode share by the step's HBM
+    utilization and batch. The reported SM clock is the tick's time-weighted mean (prefill held at
+    min(f, f_pl)); the temperature is a display-only function of power."""
     n_sites = hw.site_cap_w.shape[0]
     site_w = np.zeros(n_sites)
     gpus = np.zeros(n_sites)
@@ -633,14 +663,23 @@ def telemetry_tick(
         rep.busy_acc[r] = 0.0
         rep.pfill_util[r] = min(1.0, rep.pfill_acc[r] / TEL_DT)
         rep.pfill_acc[r] = 0.0
-        fclk = pools.clock[p] / pools.clock_max[p]
-        rep.heat[r] += (util * fclk * fclk - rep.heat[r]) * TEL_DT / 300.0
-        thermal = 1.0 + max(0.0, rep.heat[r] - 0.75) * 0.4
+        pf = min(util, rep.pfill_util[r])  # prefill is credited at step end, busy time as it runs
         rep.thr[r] = hw.site_throttle[s]
-        clock_eff = pools.clock[p] * rep.thr[r] / thermal
-        frac = sf[S_LOAD_POWER_FRAC] if st == LOADING else util
+        f_set = pools.clock[p] * rep.thr[r]
+        f_pl = pools.clock_pl[p]
+        rep.thr_cmp[r] = min(f_set, f_pl) / min(pools.clock[p], f_pl)
+        fmax = pools.clock_max[p]
+        if st == LOADING:
+            act = sf[S_LOAD_POWER_FRAC] * (f_set / fmax) ** gamma
+            clock_eff = f_set
+        else:
+            a_dec = _DEC_0 + _DEC_BW * decode_hbm_util(rep, pools, r)
+            a_dec += _DEC_BATCH * min(1.0, math.log2(max(rep.n[r], 1)) / 8.0)
+            a_dec = min(_A_PREFILL, max(0.0, a_dec))  # nothing draws more than the power limit allows
+            act = pf * _A_PREFILL * (min(f_set, f_pl) / f_pl) ** gamma + (util - pf) * a_dec * (f_set / fmax) ** gamma
+            clock_eff = f_set - pf * max(0.0, f_set - f_pl)
         idle = rep.coef[r, C_IDLE]
-        p_gpu = idle + (rep.coef[r, C_MAXP] - idle) * frac * (clock_eff / pools.clock_max[p]) ** gamma
+        p_gpu = idle + (rep.coef[r, C_MAXP] - idle) * act
         tp = pools.tp[p]
         site_w[s] += p_gpu * tp
         gpus[s] += tp
@@ -655,9 +694,10 @@ def telemetry_tick(
             logs.tel_util[k] = util if st != LOADING else 0.0
             logs.tel_clock[k] = clock_eff
             logs.tel_kv[k] = rep.kv[r] / max(rep.coef[r, C_KVCAP], 1.0)
-            logs.tel_running[k] = rep.n[r]
+            unsched = replica_unscheduled(rep, req, r) if si[S_SCALER_TRIGGER] != SCALER_LEGACY else 0
+            logs.tel_running[k] = rep.n[r] - unsched  # v1: scheduled sequences only (vLLM V1's running)
             logs.tel_waiting[k] = waiting_gauge(rep, pools, req, q, si, r)
-            logs.tel_temp[k] = 32.0 + 50.0 * rep.heat[r]
+            logs.tel_temp[k] = _TEMP_C0 + _TEMP_C_PER_W * p_gpu
             logs.tel_state[k] = st
             logs.tel_gpu0[k] = rep.gpu0[r]
             logs.n_tel[0] = k + 1

@@ -62,7 +62,7 @@ class Replicas(NamedTuple):
     ready_at: np.ndarray  # f8
     node: np.ndarray  # i8 first node index
     speed: np.ndarray  # f8 hidden per-node step-time multiplier
-    heat: np.ndarray  # f8 hidden thermal state 0-1
+    thr_cmp: np.ndarray  # f8 compute-clock share under the site cap: min(f x thr, f_pl) / min(f, f_pl) (0-1]
     coef: np.ndarray  # f8 [R, N_COEF] at the replica's precision and clock
     prec: np.ndarray  # i8 precision loaded
     n: np.ndarray  # i8 sequences in the running set
@@ -116,6 +116,8 @@ class Pools(NamedTuple):
     slot_hi: np.ndarray  # i8
     desired_hist: np.ndarray  # i8 [M x sites, 20] desired replicas per (model, site) over the last 300 s (15 s ticks)
     site: np.ndarray  # i8 site index
+    clock_pl: np.ndarray  # f8 MHz clock the pool's GPU holds in compute-bound work under its power limit
+    w_read_s: np.ndarray  # f8 s weight bytes per GPU / datasheet HBM bandwidth, at the planned precision
 
 
 class Queues(NamedTuple):

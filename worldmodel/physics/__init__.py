@@ -165,10 +165,7 @@ def step_coefficients(
         f"modeled: {tp} x 80 GB x 0.9 - weights, / KV bytes per token ({MODEL_SOURCE})"
     )
     values["weights_load_s"] = weights_load_s(model, tp, precision)
-    load = tables.WEIGHT_LOAD_BYTES_PER_S_PER_GPU
-    prov["weights_load_s"] = (
-        f"modeled: shard bytes / {load.source} + {tables.ENGINE_START_S.value} s engine start"
-    )
+    prov["weights_load_s"] = tables.COLD_START_SOURCE
     values["idle_power_w"] = spec.idle_w.value
     prov["idle_power_w"] = f"{spec.idle_w.provenance}: {spec.idle_w.source}"
     values["max_power_w"] = spec.tdp_w.value

@@ -1,19 +1,25 @@
-"""SM-clock scaling of step-time coefficients (modeled).
+"""SM-clock scaling of step-time coefficients (modeled), against the clock a busy GPU actually holds.
 
-A coefficient c measured at the maximum clock f_max becomes c x (f_max / f) ** a at clock f:
+The step coefficients are calibrated on engines running at their default clocks, where a compute-bound GPU is
+already held below its maximum clock by its power limit (the project's H200: bf16 prefill at 1,579 of 1,980
+MHz, SW power cap; tables.POWER_LIMITED_CLOCK_MHZ). A coefficient c becomes c x factor at a locked clock f:
 
-* compute-bound prefill terms (per_prefill_token_s, per_prefill_attn_s): a = 1.0. A 70% power cap on a
-  DGX-H100 made prefill 1.30x slower (Splitwise, REFERENCES.md), i.e. an effective clock ~0.77 f_max.
-* memory-bound decode terms (base_s, per_seq_s, per_kv_token_s): a = 0.1. Lowering the SM clock 16x cut
-  decode energy 42% for only 1-6% more latency (arXiv 2501.08219); the 70% cap left decode unchanged
-  (Splitwise). With a = 0.1 the full H100 range (1,980 -> 1,095 MHz) costs +6% decode time, the top of
-  that 1-6% band; the A100 range (1,410 -> 1,005 MHz) costs +3.4%.
+* compute-bound prefill terms (per_prefill_token_s, per_prefill_attn_s): factor = f_pl / min(f, f_pl), with
+  f_pl the GPU's power-limited clock. A clock target at or above f_pl changes nothing; below it prefill time
+  scales as 1 / f (exponent 1). Splitwise's 70% power cap on a DGX-H100 made prefill 1.30x slower
+  (REFERENCES.md), i.e. ~0.77 of the clock prefill held before.
+* memory-bound decode terms (base_s, per_seq_s, per_kv_token_s): factor = (f_max / f) ** 0.1. Decode is not
+  power-limited (the H200's batch-64 decode held 1,980 MHz at 664 W); lowering the SM clock 16x cut decode
+  energy 42% for only 1-6% more latency (arXiv 2501.08219); the 70% cap left decode unchanged (Splitwise).
+  With 0.1 the full H100 range (1,980 -> 1,095 MHz) costs +6% decode time, the A100 range (1,410 -> 1,005
+  MHz) +3.4%.
 """
 
 from __future__ import annotations
 
 from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType
 from schemas.provenance import Provenance, Tagged
+from worldmodel.physics.tables import power_limited_clock_mhz
 
 PREFILL_CLOCK_EXPONENT = Tagged(
     1.0, "1", Provenance.MODELED, "compute-bound; Splitwise 70% power cap -> prefill 1.30x (REFERENCES.md)"
@@ -34,16 +40,32 @@ def check_clock(gpu: str, sm_clock_mhz: float) -> float:
     return hi / sm_clock_mhz
 
 
-def clock_factor(term: str, gpu: str, sm_clock_mhz: float) -> float:
-    """Multiplier (>= 1) on coefficient `term` at `sm_clock_mhz` relative to the maximum clock.
+def compute_clock_mhz(gpu: str, sm_clock_mhz: float) -> float:
+    """The clock a busy GPU holds in compute-bound work at clock target `sm_clock_mhz`: min(target, f_pl).
 
     Examples
     --------
-    >>> round(clock_factor("per_prefill_token_s", "H100", 990.0 * 1.5), 3)
-    1.333
+    >>> compute_clock_mhz("H100", 1980.0), compute_clock_mhz("H100", 1200.0)
+    (1579.0, 1200.0)
+    """
+    check_clock(gpu, sm_clock_mhz)
+    return min(sm_clock_mhz, power_limited_clock_mhz(gpu))
+
+
+def clock_factor(term: str, gpu: str, sm_clock_mhz: float) -> float:
+    """Multiplier (>= 1) on coefficient `term` at `sm_clock_mhz` relative to the default (maximum) clock.
+
+    Examples
+    --------
+    >>> clock_factor("per_prefill_token_s", "H100", 0.85 * 1980.0)  # above the power-limited 1,579 MHz
+    1.0
+    >>> round(clock_factor("per_prefill_token_s", "H100", 0.7 * 1980.0), 3)
+    1.139
     >>> round(clock_factor("per_seq_s", "H100", 1095.0), 3)
     1.061
     """
     ratio = check_clock(gpu, sm_clock_mhz)
-    exponent = PREFILL_CLOCK_EXPONENT if term in PREFILL_TERMS else DECODE_CLOCK_EXPONENT
-    return ratio**exponent.value
+    if term in PREFILL_TERMS:
+        f_pl = power_limited_clock_mhz(gpu)
+        return (f_pl / compute_clock_mhz(gpu, sm_clock_mhz)) ** PREFILL_CLOCK_EXPONENT.value
+    return ratio**DECODE_CLOCK_EXPONENT.value

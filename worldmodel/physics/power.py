@@ -1,31 +1,114 @@
-"""GPU and node power (W): idle plus a utilization- and clock-dependent dynamic part.
+"""GPU and node power (W): idle plus an activity- and clock-dependent dynamic part.
 
-P_gpu = idle + (max - idle) x util x (f / f_max) ** gamma, per GPU, where util is the fraction of time the
-replica's GPUs are computing (0-1). gamma = 2.2 (modeled): dynamic CMOS power ~ f V^2 with the voltage
-following the clock over the upper DVFS range (cubic) and flat at the bottom (linear); 2-2.5 is the usual
-fit over datacenter GPU clock ranges. The replay varies it with `clock_power_exponent`.
+Per GPU, over a telemetry interval in which the replica spends `prefill_share` of the time in compute-bound
+(prefill) work and `decode_share` in memory-bound decode steps (the rest idle):
 
-Node power adds `node_overhead_w` (CPUs, NVSwitches, NICs, fans), held constant and set so that an idle
-8-GPU node draws the Splitwise idle figure (REFERENCES.md: ~1,500 W A100, ~2,800 W H100).
+    P = idle + (max - idle) x [prefill_share x A_PREFILL x (min(f, f_pl) / f_pl) ** gamma
+                               + decode_share x a_dec(u, n) x (f / f_max) ** gamma]
 
-Measured context (Splitwise A100 rows, peak_power / average_power are fractions of the 400 W TDP): peak
-reaches 0.98-1.09 of TDP in every configuration (so max_power_w = TDP), while the run-averaged draw of a
-continuously busy replica is 0.43 (TP8) to 0.74 (TP2) of TDP at batch 1 and 0.46-0.79 at batch 16: small-batch
-decode keeps a GPU busy without drawing its full power. Simulators wanting that effect should pass util as
-busy fraction x an activity factor.
+* A_PREFILL = 0.99 (measured): the project's H200 drew 693 W (bf16) / 694 W (fp8) of its 700 W limit in 8k-token
+  prefill, with the clock pulled down to f_pl by the power limit (tables.POWER_LIMITED_CLOCK_MHZ); Splitwise
+  A100 peak power reaches 0.98-1.09 x TDP in every configuration. A clock target above f_pl changes nothing.
+* a_dec(u, n) = DEC_0 + DEC_BW x u + DEC_BATCH x min(1, log2(n) / 8), clipped to [0, A_PREFILL] (fitted; the
+  power limit caps it, and the fit's points span u = 0.17-0.62, so higher u is an extrapolation): u is the
+  step's HBM bandwidth utilization (bytes read per GPU per step / step time / datasheet HBM bandwidth), n the
+  decoding sequences. Memory-bound decode draws power in proportion to the bandwidth it moves, plus a small
+  rise with batch (more tensor-core work per byte). Fitted by least squares to `DECODE_POWER_POINTS`: the H200
+  batch-64 decode rows (bf16 664 W, fp8 575 W) and the Splitwise A100 Llama2-70B rows (run-averaged power at
+  TP2/4/8, batch 1-16: 0.43-0.79 x TDP). Fit error: RMS 3.1% of TDP, worst 5.5% (H200 bf16, -38 W); see
+  `decode_fit_error`.
+* gamma = 2.2 (modeled): dynamic CMOS power ~ f V^2 with the voltage following the clock over the upper DVFS
+  range; the replay varies it with `clock_power_exponent`.
+
+Idle: the project's H200 measured 129 W (tables.GPUS). Node power adds `node_overhead_w` (CPUs, NVSwitches,
+NICs, fans), held constant and set so that an idle 8-GPU node draws the Splitwise idle figure (REFERENCES.md:
+~1,500 W A100, ~2,800 W H100).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
+
+import numpy as np
 
 from schemas.fleet import GPUS_PER_NODE
 from schemas.provenance import Provenance, Tagged
-from worldmodel.physics.tables import gpu_spec, max_clock_mhz
+from worldmodel.physics.tables import gpu_spec, max_clock_mhz, power_limited_clock_mhz
 
 CLOCK_POWER_EXPONENT = Tagged(
     2.2, "1", Provenance.MODELED, "P_dyn ~ f V^2, V tracking f over the upper DVFS range; typical 2-2.5"
 )
+A_PREFILL = Tagged(
+    0.99,
+    "1",
+    Provenance.MEASURED,
+    "H200 8k prefill 693 W bf16 / 694 W fp8 of 700 W at idle 129 W (benchmarks/results/gpu_calibration_h200.json)",
+)
+
+_KV8 = 32 * 8 * 128 * 2 * 2  # Llama-3.1-8B KV bytes per token (bf16)
+_KV70 = 80 * 8 * 128 * 2 * 2  # Llama2-70B KV bytes per token (bf16)
+_H200_HBM, _A100_HBM = 4.8e12, 2.039e12  # datasheet HBM B/s
+_A100_IDLE_FRAC = 129.0 / 700.0  # the H200's measured idle share of its limit (tables.GPUS, A100 idle)
+
+
+def _splitwise(tp: int, batch: int, avg_power_frac: float, token_ms: float) -> tuple:
+    u = (137.96e9 / tp + batch * 576 * _KV70 / tp) / (token_ms * 1e-3) / _A100_HBM
+    return (f"Splitwise A100 llama2-70b TP{tp} b{batch}", u, batch,
+            (avg_power_frac - _A100_IDLE_FRAC) / (1.0 - _A100_IDLE_FRAC), 400.0, 400.0 * _A100_IDLE_FRAC)  # fmt: skip
+
+
+#: (label, HBM utilization u, batch, activity a = (P - idle) / (limit - idle), limit W, idle W). H200: the
+#: project's run (8B shapes, batch 64, context 1,025, CUDA-graph decode; bytes = weights + KV read per step).
+#: Splitwise: perf_model.csv A100 rows, prompt 512 + 128 output (mean context 576), token_time ms and
+#: average_power (fraction of TDP), means over repeats.
+DECODE_POWER_POINTS: tuple[tuple, ...] = (
+    ("H200 8B bf16 b64", (15.01e9 + 64 * 1025 * _KV8) / 8.6677e-3 / _H200_HBM, 64, (663.6 - 129.0) / 571.0,
+     700.0, 129.0),
+    ("H200 8B fp8 b64", (6.979e9 + 0.526e9 * 2 + 64 * 1025 * _KV8) / 7.8751e-3 / _H200_HBM, 64,
+     (575.5 - 129.0) / 571.0, 700.0, 129.0),
+    *(_splitwise(tp, b, p, ms) for tp, b, p, ms in (
+        (2, 1, 0.74, 54.8), (2, 2, 0.75, 59.9), (2, 4, 0.74, 60.5), (2, 8, 0.76, 61.6), (2, 16, 0.79, 65.6),
+        (4, 1, 0.60, 45.0), (4, 2, 0.61, 45.0), (4, 4, 0.60, 45.2), (4, 8, 0.61, 45.9), (4, 16, 0.64, 48.7),
+        (8, 1, 0.43, 44.9), (8, 2, 0.43, 44.5), (8, 4, 0.44, 45.8), (8, 8, 0.43, 46.5), (8, 16, 0.46, 50.4),
+    )),
+)  # fmt: skip
+
+
+def _batch_feature(n: float) -> float:
+    return min(1.0, math.log2(max(n, 1.0)) / 8.0)
+
+
+def _fit() -> tuple[float, float, float]:
+    x = np.array([[1.0, u, _batch_feature(n)] for _, u, n, *_ in DECODE_POWER_POINTS])
+    y = np.array([a for _, _, _, a, _, _ in DECODE_POWER_POINTS])
+    c = np.linalg.lstsq(x, y, rcond=None)[0]
+    return float(c[0]), float(c[1]), float(c[2])
+
+
+_C = _fit()
+_FIT_SRC = "least squares on DECODE_POWER_POINTS (H200 measured + Splitwise A100), RMS 3.1% of TDP"
+DEC_0 = Tagged(_C[0], "1", Provenance.BENCHMARK_CALIBRATED, _FIT_SRC)
+DEC_BW = Tagged(_C[1], "1", Provenance.BENCHMARK_CALIBRATED, _FIT_SRC)
+DEC_BATCH = Tagged(_C[2], "1", Provenance.BENCHMARK_CALIBRATED, _FIT_SRC)
+
+
+def decode_activity(hbm_util: float, batch: float) -> float:
+    """Dynamic-power activity (0-1) of memory-bound decode at HBM utilization `hbm_util` and `batch` sequences.
+
+    Examples
+    --------
+    >>> decode_activity(0.2, 1) < decode_activity(0.2, 64) < decode_activity(0.6, 64) <= A_PREFILL.value
+    True
+    """
+    a = DEC_0.value + DEC_BW.value * hbm_util + DEC_BATCH.value * _batch_feature(batch)
+    return min(A_PREFILL.value, max(0.0, a))  # no activity draws more than the power limit allows
+
+
+def decode_fit_error() -> dict[str, float]:
+    """Error of the decode activity fit on its points, as a fraction of each GPU's power limit (rms, max)."""
+    e = np.array([(decode_activity(u, n) - a) * (lim - idle) / lim for _, u, n, a, lim, idle in DECODE_POWER_POINTS])
+    return {"rms": float(np.sqrt((e**2).mean())), "max": float(np.abs(e).max())}
 
 
 class _HasPower(Protocol):
@@ -40,6 +123,9 @@ def gpu_power_w(
     *,
     clock_power_exponent: float | None = None,
     gpu: str | None = None,
+    prefill_share: float | None = None,
+    hbm_util: float | None = None,
+    batch: float = 1.0,
 ) -> float:
     """Power of one GPU (W).
 
@@ -48,13 +134,17 @@ def gpu_power_w(
     coeffs_or_gpu : StepCoefficients or str
         Coefficients of the pool (idle_power_w, max_power_w) or a GPU type name ('H100' | 'A100').
     util : float
-        Fraction of time the GPU is computing, in [0, 1].
+        Fraction of time the GPU is busy (prefill or decode), in [0, 1].
     sm_clock_mhz : float
-        SM clock (MHz); the dynamic part scales as (f / f_max) ** gamma.
+        SM clock target (MHz).
     clock_power_exponent : float, optional
         gamma; default `CLOCK_POWER_EXPONENT` (2.2, modeled).
     gpu : str, optional
-        GPU type, required with coefficients (they do not carry the maximum clock).
+        GPU type, required with coefficients (they do not carry the clocks).
+    prefill_share : float, optional
+        Fraction of time in compute-bound prefill (<= util); default: all of util (the power-limited upper bound).
+    hbm_util, batch : float, optional
+        HBM bandwidth utilization and batch of the decode steps; with hbm_util None decode counts as activity 1.
 
     Returns
     -------
@@ -63,10 +153,12 @@ def gpu_power_w(
 
     Examples
     --------
-    >>> gpu_power_w("H100", 1.0, 1980.0)
-    700.0
-    >>> round(gpu_power_w("H100", 0.5, 1980.0 / 2, clock_power_exponent=2.0), 1)
-    148.8
+    >>> round(gpu_power_w("H100", 1.0, 1980.0))  # busy prefill at the power limit
+    694
+    >>> gpu_power_w("H100", 1.0, 1980.0) == gpu_power_w("H100", 1.0, 1600.0)  # above the power-limited clock
+    True
+    >>> round(gpu_power_w("H100", 1.0, 1980.0, prefill_share=0.0, hbm_util=0.3, batch=1))  # small-batch decode
+    340
     """
     if not 0.0 <= util <= 1.0:
         raise ValueError(f"util must be in [0, 1], got {util}")
@@ -74,11 +166,16 @@ def gpu_power_w(
         spec = gpu_spec(coeffs_or_gpu)
         idle, peak, gpu = spec.idle_w.value, spec.tdp_w.value, coeffs_or_gpu
     elif gpu is None:
-        raise ValueError("gpu_power_w needs gpu= (for its maximum clock) when given coefficients")
+        raise ValueError("gpu_power_w needs gpu= (for its clocks) when given coefficients")
     else:
         idle, peak = coeffs_or_gpu.idle_power_w, coeffs_or_gpu.max_power_w
     gamma = CLOCK_POWER_EXPONENT.value if clock_power_exponent is None else clock_power_exponent
-    return idle + (peak - idle) * util * (sm_clock_mhz / max_clock_mhz(gpu)) ** gamma
+    pf = util if prefill_share is None else min(max(prefill_share, 0.0), util)
+    f_pl = power_limited_clock_mhz(gpu)
+    a_dec = 1.0 if hbm_util is None else decode_activity(hbm_util, batch)
+    act = pf * A_PREFILL.value * (min(sm_clock_mhz, f_pl) / f_pl) ** gamma
+    act += (util - pf) * a_dec * (sm_clock_mhz / max_clock_mhz(gpu)) ** gamma
+    return idle + (peak - idle) * act
 
 
 def node_overhead_w(gpu: str) -> float:
@@ -87,7 +184,7 @@ def node_overhead_w(gpu: str) -> float:
     Examples
     --------
     >>> node_overhead_w("H100"), node_overhead_w("A100")
-    (2240.0, 1100.0)
+    (1768.0, 910.4)
     """
     spec = gpu_spec(gpu)
     return spec.node_idle_w.value - GPUS_PER_NODE * spec.idle_w.value

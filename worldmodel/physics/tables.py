@@ -13,6 +13,9 @@ from schemas.provenance import Provenance, Tagged
 
 GB = 1e9
 REFS = "REFERENCES.md"
+#: The project's H200 run (benchmarks/results/gpu_calibration_h200.json, power.phases): idle P0 board power
+#: 129.0 W (nvidia-smi power.draw mean; NVML 127.4 W, energy counter 124.5 W) at a 700 W limit.
+_H200_IDLE = "measured H200 idle 129 W (benchmarks/results/gpu_calibration_h200.json)"
 
 
 
@@ -36,10 +39,10 @@ GPUS: dict[GpuType, GpuSpec] = {
         bf16_tflops=989.0,
         tdp_w=Tagged(700.0, "W", Provenance.MODELED, f"H100 SXM TDP ({REFS}, datasheet)"),
         idle_w=Tagged(
-            70.0,
+            129.0,
             "W",
             Provenance.MODELED,
-            "typical SXM idle with persistence mode; no measured idle row in data",
+            f"{_H200_IDLE}; transferred to H100 SXM (same GH100 die, SXM board and 700 W limit)",
         ),
         node_idle_w=Tagged(2800.0, "W", Provenance.MODELED, f"Splitwise idle DGX-H100 server ({REFS})"),
     ),
@@ -49,10 +52,10 @@ GPUS: dict[GpuType, GpuSpec] = {
         bf16_tflops=312.0,
         tdp_w=Tagged(400.0, "W", Provenance.MODELED, f"A100 SXM TDP ({REFS})"),
         idle_w=Tagged(
-            50.0,
+            round(129.0 / 700.0 * 400.0, 1),
             "W",
             Provenance.MODELED,
-            "typical SXM idle with persistence mode; no measured idle row in data",
+            f"{_H200_IDLE} as a share of the power limit (0.184), applied to the A100's 400 W; no A100 idle row",
         ),
         node_idle_w=Tagged(1500.0, "W", Provenance.MODELED, f"Splitwise idle DGX-A100 server ({REFS})"),
     ),
@@ -61,13 +64,61 @@ GPUS: dict[GpuType, GpuSpec] = {
 #: Fraction of GPU memory the engine may use (vLLM gpu_memory_utilization default).
 GPU_MEMORY_UTILIZATION = 0.9
 
-#: Weight load bandwidth per GPU (bytes/s): safetensors from local NVMe, TP ranks load shards in parallel.
-WEIGHT_LOAD_BYTES_PER_S_PER_GPU = Tagged(
-    2.0 * GB, "B/s", Provenance.MODELED, "local NVMe ~2 GB/s per shard reader; no measured load times in data"
+#: Clock a busy GPU holds in compute-bound (prefill) work under its default power limit (MHz). Measured on the
+#: project's H200: bf16 prefill of 8k tokens held 1,579 MHz (1,515-1,665) of its 1,980 MHz maximum at 693 W of
+#: its 700 W limit, clock-event reason 0x4 = SW power cap (fp8 prefill: 1,739 MHz at 694 W).
+POWER_LIMITED_CLOCK_MHZ: dict[GpuType, Tagged] = {
+    GpuType.H100: Tagged(
+        1579.0,
+        "MHz",
+        Provenance.MODELED,
+        "measured H200 bf16 prefill clock (benchmarks/results/gpu_calibration_h200.json) transferred to H100 SXM: "
+        "same die, SM count, 1,980 MHz maximum and 700 W limit; under equal caps H100 does slightly better than "
+        "H200 on compute-bound DGEMM (arXiv 2604.11391), so this is at most slightly low",
+    ),
+    GpuType.A100: Tagged(
+        round(1410.0 * 1579.0 / 1980.0),
+        "MHz",
+        Provenance.MODELED,
+        "the H200's measured power-limited share of its maximum clock (1,579 / 1,980 = 0.80) applied to the "
+        "A100's 1,410 MHz; Splitwise A100 runs with prefill reach 0.98-1.09 x TDP peak power (REFERENCES.md), "
+        "i.e. A100 prefill is at its power limit too; no measured A100 clock",
+    ),
+}
+
+# Cold start of one replica, from the autoscaler's decision to a ready engine (s). FROZEN 2026-12-01 before any
+# aurelius run under the new ground truth, and not revisited to suit a result; docs/physics.md has the sources.
+# A replica is a vLLM pod on a Kubernetes node the site already owns (no node provisioning) whose image is
+# already on the node (a static fleet pulls it once; Anyscale 2024 measured 4-5 min for a ~12 GB vLLM image
+# when it is not): pod start, then the weights from cloud storage, then engine init.
+#: Pod scheduling and container start with the image present (Kubernetes SLO: stateless pod startup, image
+#: pull excluded, <= 5 s at the 99th percentile).
+POD_START_S = Tagged(
+    5.0, "s", Provenance.MODELED, "Kubernetes pod-startup SLO, image pre-pulled (<= 5 s p99)"
 )
-#: Engine start on top of the weight read: process start, NCCL init, KV profiling, CUDA-graph capture.
-ENGINE_START_S = Tagged(
-    40.0, "s", Provenance.MODELED, "vLLM cold start outside the weight read, tens of seconds"
+#: Weights from cloud object storage into GPU memory, per replica (B/s): Anyscale measured 4 min 25 s to
+#: download and initialize Llama-2-70B (140 GB fp16) on a p4de node (2023, "Loading Llama-2 70b 20x faster"),
+#: and 4-5 min for vLLM to load Meta-Llama-3-70B-Instruct (~140 GB) from cloud storage on Kubernetes (2024,
+#: "Autoscaling Large AI Models up to 5.1x Faster"): 140 GB / 265 s = 0.53 GB/s.
+WEIGHT_FETCH_BYTES_PER_S = Tagged(
+    140.0 * GB / 265.0,
+    "B/s",
+    Provenance.MODELED,
+    "Anyscale: Llama-2/3-70B, 140 GB from cloud storage to ready in 4 min 25 s (4-5 min) -> 0.53 GB/s",
+)
+#: vLLM V1 engine init beyond the weights: torch.compile (~39 s measured for a 35B model, route179.dev 2026),
+#: CUDA-graph capture and KV-cache profiling (tens of seconds; CPU-bound, arXiv 2606.07362). The Anyscale
+#: figures above predate vLLM's torch.compile, so it is added on top.
+ENGINE_INIT_S = Tagged(
+    60.0,
+    "s",
+    Provenance.MODELED,
+    "vLLM V1 torch.compile ~39 s (route179.dev) + CUDA-graph capture and KV profiling (arXiv 2606.07362)",
+)
+COLD_START_SOURCE = (
+    f"modeled, frozen: pod start {POD_START_S.value:.0f} s (Kubernetes SLO) + weight bytes / "
+    f"{WEIGHT_FETCH_BYTES_PER_S.value / GB:.2f} GB/s (Anyscale 70B cold loads) + {ENGINE_INIT_S.value:.0f} s "
+    "vLLM engine init (torch.compile, CUDA graphs); a precision reload pays the same (new pod, new weights)"
 )
 
 #: FP8 (W8A8 linears) speed-up over bf16 per coefficient, measured on a lent H200 with Llama-3.1-8B shapes
@@ -163,6 +214,22 @@ def roofline_floors(model: str, gpu: str, tp: int, precision: str) -> dict[str, 
 
 
 def weights_load_s(model: str, tp: int, precision: str) -> float:
-    """Cold start / reload time (s): per-GPU weight shard bytes / load bandwidth + engine start."""
-    shard = model_spec(model).weight_bytes(Precision(precision)) / tp
-    return shard / WEIGHT_LOAD_BYTES_PER_S_PER_GPU.value + ENGINE_START_S.value
+    """Cold start of one replica (s): pod start + the weights from cloud storage + vLLM engine init.
+
+    The replica's weights are fetched once per replica (not per GPU); `tp` is kept for the call signature
+    (the fetch is bound by the node's network and storage, not by the GPUs). A precision reload is a restart of
+    the pod with other weights and pays the same. Frozen with its sources (COLD_START_SOURCE).
+
+    Examples
+    --------
+    >>> round(weights_load_s("llama-3.1-70b", 4, "bf16")), round(weights_load_s("llama-3.1-8b", 1, "bf16"))
+    (332, 95)
+    """
+    del tp
+    weights = model_spec(model).weight_bytes(Precision(precision))
+    return POD_START_S.value + weights / WEIGHT_FETCH_BYTES_PER_S.value + ENGINE_INIT_S.value
+
+
+def power_limited_clock_mhz(gpu: str) -> float:
+    """The clock (MHz) a busy GPU holds in compute-bound work under its default power limit."""
+    return POWER_LIMITED_CLOCK_MHZ[GpuType(gpu)].value
