@@ -24,7 +24,7 @@ from optimizer.baselines.sizing import MODEL_OF_CLASS
 from optimizer.registry import register
 from schemas.availability import market_rows
 from schemas.cost import CostConfig
-from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType
+from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, default_max_num_seqs
 from schemas.forecast import ClassDemand, DisturbanceForecast, Interval
 from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
@@ -33,7 +33,9 @@ from worldmodel.forward import ForwardModel
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import FleetSnapshot, PoolState
 
-MAX_BATCHES = (128, 256, 512)
+#: batch caps searched; None is the as-deployed cap, the engine's default max_num_seqs per GPU type
+MAX_BATCHES: tuple[int | None, ...] = (None, 128, 256, 512)
+DEPLOYED: tuple[str, int | None, float] = ("bf16", None, 1.0)
 CLOCK_SHARES = (1.0, 0.85, 0.7)
 SLA_SLACK = 0.001  # 0.1 pp
 
@@ -42,7 +44,8 @@ SLA_SLACK = 0.001  # 0.1 pp
 class TunedProductionPolicy(Policy):
     """Best static configuration on the past week + defer batch work above the past week's price p90.
 
-    config : (precision, max batch, clock share of max) measured best on the past week, or None to choose
+    config : (precision, max batch or None for the engine default, clock share of max) measured best on the
+    past week, or None to choose
     it with the forward model; sample_every_h : hours between history periods scored (h);
     price_quantile : the price rule's quantile.
     """
@@ -51,7 +54,7 @@ class TunedProductionPolicy(Policy):
 
     def __init__(
         self,
-        config: tuple[str, int, float] | None = None,
+        config: tuple[str, int | None, float] | None = None,
         sample_every_h: float = 4.0,
         price_quantile: float = 0.9,
     ) -> None:
@@ -97,12 +100,12 @@ class TunedProductionPolicy(Policy):
             plan, batch_admission=adm, notes=(f"price {price:.1f} vs p90 {self.threshold_usd_mwh:.1f}",)
         )
 
-    def _choose(self, ctx: PolicyContext, history: History, deployed: Plan) -> tuple[str, int, float]:
+    def _choose(self, ctx: PolicyContext, history: History, deployed: Plan) -> tuple[str, int | None, float]:
         model = ForwardModel(ServingModel(), CostConfig())
         forecasts = _history_forecasts(history, ctx.markets[0], ctx.period_s, self.sample_every_h)
         if not forecasts:
-            return ("bf16", 256, 1.0)
-        scores: dict[tuple[str, int, float], tuple[float, np.ndarray]] = {}
+            return DEPLOYED
+        scores: dict[tuple[str, int | None, float], tuple[float, np.ndarray]] = {}
         for prec in ("bf16", "fp8"):
             for mb in MAX_BATCHES:
                 for share in CLOCK_SHARES:
@@ -117,7 +120,7 @@ class TunedProductionPolicy(Policy):
                         cost += out.cost_usd
                         viol.append([c.violation_rate for c in out.classes])
                     scores[cfg] = (met / cost if cost > 0 else 0.0, np.mean(viol, axis=0))
-        base_viol = scores[("bf16", 256, 1.0)][1]
+        base_viol = scores[DEPLOYED][1]
         ok = {c: s for c, s in scores.items() if np.all(s[1] <= base_viol + SLA_SLACK)}
         best = max(ok, key=lambda c: ok[c][0])
         self.chosen = {
@@ -129,7 +132,7 @@ class TunedProductionPolicy(Policy):
         return best
 
 
-def _configure(plan: Plan, cfg: tuple[str, int, float]) -> Plan:
+def _configure(plan: Plan, cfg: tuple[str, int | None, float]) -> Plan:
     prec, mb, share = cfg
     pools = []
     for p in plan.pools:
@@ -139,7 +142,7 @@ def _configure(plan: Plan, cfg: tuple[str, int, float]) -> Plan:
             replace(
                 p,
                 precision=prec if prec in PRECISIONS_BY_GPU[g] else "bf16",
-                max_batch=mb,
+                max_batch=mb if mb is not None else default_max_num_seqs(g),
                 sm_clock_mhz=int(max(lo, round(hi * share))),
             )
         )
