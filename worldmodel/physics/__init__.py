@@ -120,7 +120,8 @@ def _h100_terms(model: str, tp: int) -> tuple[np.ndarray, np.ndarray, dict[str, 
     rule = (
         f"{'+' if measured == 'fp8' else '-'} the {'extra' if measured == 'fp8' else 'saved'} weight bytes at the "
         f"fit's HBM efficiency {eta:.2f} on base_s ({1e3 * delta:.2f} ms), per_prefill_token_s "
-        f"{'x' if measured == 'fp8' else '/'} {pre.value} ({pre.source})"
+        f"{'x' if measured == 'fp8' else '/'} {pre.value} ({pre.source}); per_seq_s, per_kv_token_s and "
+        "per_prefill_attn_s as fitted"
     )
     if measured == "fp8":
         fp8 = theta
