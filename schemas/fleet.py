@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from schemas.provenance import Provenance, Tagged
+
 
 class GpuType(StrEnum):
     H100 = "H100"
@@ -41,6 +43,33 @@ PRECISIONS_BY_GPU: dict[GpuType, tuple[Precision, ...]] = {
     GpuType.H100: (Precision.BF16, Precision.FP8),
     GpuType.A100: (Precision.BF16,),
 }
+
+#: vLLM V1 engine batch shape per GPU type for the OpenAI API server (`vllm serve`): max_num_batched_tokens
+#: (the chunked-prefill token budget of one iteration) and max_num_seqs (sequences per replica). vLLM picks
+#: them from the device: >= 70 GiB of memory and not an A100 (H100, H200, MI300x) 8192 / 1024, otherwise
+#: 2048 / 256 (a large token budget lowered A100 throughput, vLLM PR #17885). The as-deployed engine runs
+#: these; the ground truth's token budget and the production-class references' batch cap read them here.
+VLLM_BATCH_DEFAULTS_SOURCE = (
+    "vllm-project/vllm vllm/engine/arg_utils.py EngineArgs.get_batch_defaults, UsageContext.OPENAI_API_SERVER "
+    "(commit 99d7eb5d, v0.11 line)"
+)
+VLLM_MAX_NUM_BATCHED_TOKENS: dict[GpuType, Tagged] = {
+    GpuType.H100: Tagged(8192.0, "tokens", Provenance.MODELED, f"{VLLM_BATCH_DEFAULTS_SOURCE}: >= 70 GiB, not A100"),
+    GpuType.A100: Tagged(2048.0, "tokens", Provenance.MODELED, f"{VLLM_BATCH_DEFAULTS_SOURCE}: A100 branch"),
+}
+VLLM_MAX_NUM_SEQS: dict[GpuType, Tagged] = {
+    GpuType.H100: Tagged(1024.0, "sequences", Provenance.MODELED, f"{VLLM_BATCH_DEFAULTS_SOURCE}: >= 70 GiB, not A100"),
+    GpuType.A100: Tagged(256.0, "sequences", Provenance.MODELED, f"{VLLM_BATCH_DEFAULTS_SOURCE}: A100 branch"),
+}
+
+
+def default_max_num_seqs(gpu: str) -> int:
+    """vLLM V1's default max_num_seqs on `gpu` (sequences per replica): the as-deployed batch cap.
+
+    >>> default_max_num_seqs("H100"), default_max_num_seqs("A100")
+    (1024, 256)
+    """
+    return int(VLLM_MAX_NUM_SEQS[GpuType(gpu)].value)
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,12 @@ from schemas.policy import History, Observations, Policy, PolicyContext
 
 @register("naive")
 class NaivePolicy(Policy):
-    """Static fleet: replicas = mean-load concurrency / max_batch, no headroom."""
+    """Static fleet: replicas = mean-load concurrency / batch, no headroom. max_batch : sequences per replica
+    (None: the engine's default max_num_seqs for each pool's GPU type)."""
 
     name = "naive"
 
-    def __init__(self, max_batch: int = 256) -> None:
+    def __init__(self, max_batch: int | None = None) -> None:
         self.max_batch = max_batch
         self._plan: Plan | None = None
 

@@ -1,6 +1,7 @@
 """`production`: the reference as deployed (DESIGN.md).
 
-bf16, vLLM-default batching (256 sequences, chunked prefill), maximum clock, an HPA-like autoscaler on
+bf16, vLLM V1-default batching per GPU type (max_num_seqs 1024 on H100, 256 on A100; chunked prefill),
+maximum clock, an HPA-like autoscaler on
 backlog and utilization (target 80%, 15 s sync, 300 s scale-down stabilization, cold starts), prefix-aware
 routing with load fallback, earliest-deadline ordering, deferrable work deferred only under pressure.
 """
@@ -25,11 +26,12 @@ from schemas.policy import History, Observations, Policy, PolicyContext
 
 @register("production")
 class ProductionPolicy(Policy):
-    """The production-class reference as deployed. max_batch : sequences per replica; target : HPA target."""
+    """The production-class reference as deployed. max_batch : sequences per replica (None: the engine's
+    default max_num_seqs for each pool's GPU type); target : HPA target."""
 
     name = "production"
 
-    def __init__(self, max_batch: int = 256, target: float = 0.8) -> None:
+    def __init__(self, max_batch: int | None = None, target: float = 0.8) -> None:
         self.max_batch = max_batch
         self.target = target
         self._plan: Plan | None = None

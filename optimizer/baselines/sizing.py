@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import polars as pl
 
-from schemas.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, Site
+from schemas.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, Site, default_max_num_seqs
 from schemas.plan import PoolPlan
 from schemas.policy import PolicyContext
 from worldmodel.servingmodel import PoolConfig, ServingModel
@@ -47,14 +47,16 @@ def replicas_for(
     sizes: dict[str, tuple[float, float]],
     site: Site,
     *,
-    max_batch: int,
+    max_batch: int | None,
     utilization: float,
     precision: str = "bf16",
 ) -> dict[str, int]:
     """Replicas per model on its preferred GPU type so that busy time stays at `utilization`.
 
     Per request the replica spends prefill_s(input) plus output x step_s(batch) / batch of decode time
-    (continuous batching amortizes decode over the batch), from the operator's own serving model.
+    (continuous batching amortizes decode over the batch), from the operator's own serving model, at half
+    the batch the replica can hold: the batch cap (None: the engine's default max_num_seqs for the GPU type)
+    or the sequences whose KV fits at the class's mean context, whichever is smaller.
     """
     sm = ServingModel()
     busy: dict[str, float] = {}
@@ -64,7 +66,8 @@ def replicas_for(
         prec = precision if gpu == "H100" else "bf16"
         cfg = PoolConfig(gpu, model, DEFAULT_TP[(model, GpuType(gpu))], prec, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1])
         inp, out = sizes.get(cls, (1000.0, 200.0))
-        batch = max_batch / 2
+        cap = max_batch if max_batch is not None else default_max_num_seqs(gpu)
+        batch = max(1.0, min(cap, sm.kv_capacity_tokens(cfg) / (inp + out / 2)) / 2)
         per_req = sm.prefill_s(cfg, inp) + out * sm.decode_step_s(cfg, batch, inp + out / 2) / batch
         busy[model] = busy.get(model, 0.0) + rate * per_req
     return {m: max(1, math.ceil(b / utilization)) for m, b in busy.items()}
@@ -84,7 +87,7 @@ def site_pools(
     site: Site,
     *,
     floors: dict[str, int],
-    max_batch: int,
+    max_batch: int | None = None,
     precision: str = "bf16",
     clock: dict[str, int] | None = None,
 ) -> tuple[PoolPlan, ...]:
@@ -92,7 +95,8 @@ def site_pools(
 
     Each model's floor (replicas) goes on its preferred GPU type as far as that type's free GPUs allow and
     spills onto the next type; the small model (tightest TPOT SLO) is placed first. Ceilings are the whole
-    inventory per type.
+    inventory per type. max_batch None: the engine's default max_num_seqs for each pool's GPU type (vLLM V1:
+    H100 1024, A100 256; schemas.fleet.VLLM_MAX_NUM_SEQS), the as-deployed batch cap.
     """
     free = {g.gpu: site.gpus(g.gpu) for g in site.groups}
     placed: dict[tuple[str, str], int] = {}
@@ -111,7 +115,6 @@ def site_pools(
             mhz = (clock or {}).get(gpu, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1])
             prec = precision if gpu == "H100" else "bf16"
             floor = placed.get((model, gpu), 0)
-            pools.append(
-                PoolPlan(site.name, model, gpu, floor, site.gpus(GpuType(gpu)) // tp, tp, prec, max_batch, int(mhz))
-            )
+            cap = max_batch if max_batch is not None else default_max_num_seqs(gpu)
+            pools.append(PoolPlan(site.name, model, gpu, floor, site.gpus(GpuType(gpu)) // tp, tp, prec, cap, int(mhz)))
     return tuple(pools)

@@ -34,7 +34,9 @@ from worldmodel.forward import ForwardModel
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import FleetSnapshot, PoolState
 
-MAX_BATCHES = (128, 256, 512)
+#: batch caps searched; None is the as-deployed cap, the engine's default max_num_seqs per GPU type
+MAX_BATCHES: tuple[int | None, ...] = (None, 128, 256, 512)
+DEPLOYED: tuple[str, int | None, float] = ("bf16", None, 1.0)
 CLOCK_SHARES = (1.0, 0.85, 0.7)
 SLA_SLACK = 0.001  # 0.1 pp
 

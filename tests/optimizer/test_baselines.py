@@ -1,9 +1,10 @@
 """The reference policies do what DESIGN.md says they do: their plans, and their effect in the ground truth.
 
-production: bf16, 256 sequences, maximum clock, an HPA-like autoscaler (target 80%, 300 s scale-down
-stabilization), prefix-aware routing, EDF, batch deferred only under pressure. naive: a static fleet, FCFS,
-round-robin, batch at once. production-tuned: the deployed policy with a best static configuration and a
-price rule that holds deferrable work while the price exceeds the past week's 90th percentile.
+production: bf16, vLLM V1's default max_num_seqs per GPU type (H100 1024, A100 256), maximum clock, an HPA-like
+autoscaler (target 80%, 300 s scale-down stabilization), prefix-aware routing, EDF, batch deferred only under
+pressure. naive: a static fleet, FCFS, round-robin, batch at once. production-tuned: the deployed policy with a
+best static configuration and a price rule that holds deferrable work while the price exceeds the past week's
+90th percentile.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import polars as pl
 import pytest
 
 from optimizer.registry import create
-from schemas.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, default_fleet
+from schemas.fleet import DEFAULT_TP, SM_CLOCK_RANGE_MHZ, GpuType, default_fleet, default_max_num_seqs
 from schemas.plan import BatchAdmission, Ordering, Plan, Routing
 from schemas.policy import Observations, PolicyContext
 from streams.replay.driver import RunResult, run_replay
@@ -104,7 +105,8 @@ def test_production_plan_is_as_deployed(wl: Workload) -> None:
         )
         for p in plan.pools:
             g = GpuType(p.gpu)
-            assert (p.precision, p.max_batch, p.sm_clock_mhz) == ("bf16", 256, SM_CLOCK_RANGE_MHZ[g][1])
+            assert (p.precision, p.kv_dtype, p.sm_clock_mhz) == ("bf16", "auto", SM_CLOCK_RANGE_MHZ[g][1])
+            assert p.max_batch == default_max_num_seqs(g) == {"H100": 1024, "A100": 256}[g]  # vLLM V1 default
             assert p.replica_ceiling == site.gpus(g) // DEFAULT_TP[(p.model, g)]  # the autoscaler may use it all
     assert sum(p.replica_floor for p in first.pools) > 2  # starts at the fleet the HPA had reached
     assert all(p.replica_floor <= 1 for p in steady.pools)  # then the HPA decides
@@ -121,6 +123,7 @@ def test_naive_plan_is_static(wl: Workload) -> None:
     )
     assert all(p.replica_floor == p.replica_ceiling for p in first.pools)
     assert sum(p.replica_floor for p in first.pools) > 0
+    assert all(p.max_batch == default_max_num_seqs(p.gpu) for p in first.pools)  # the engine's default cap
     for k in range(1, 4):
         assert policy.plan(_obs(wl, k)) == first
 

@@ -291,8 +291,8 @@ def _iteration_s(c: object, n_dec: int, kv: float, p_tok: float, p_attn: float) 
 #: step-time coefficients (s) on H100 at 1980 MHz, bf16, written out: (base, per decode sequence, per KV token
 #: in the batch, per prefill token, per prefill attention token pair); the calibrated physics tables' values
 COEF = {
-    "llama-3.1-70b": SimpleNamespace(base_s=0.011757663731576027, per_seq_s=6.100077484229472e-05,
-                                     per_kv_token_s=2.996754286826535e-08, per_prefill_token_s=4.58978173721223e-05,
+    "llama-3.1-70b": SimpleNamespace(base_s=0.0176696094019146, per_seq_s=5.206628129706792e-05,
+                                     per_kv_token_s=3.056716417910448e-08, per_prefill_token_s=5.691053158636239e-05,
                                      per_prefill_attn_s=6.626491405460061e-10),  # TP4
     "llama-3.1-8b": SimpleNamespace(base_s=0.006147547022562765, per_seq_s=0.0,
                                     per_kv_token_s=4.8907462686567165e-08, per_prefill_token_s=1.6238624873609707e-05,
@@ -304,8 +304,8 @@ def _alone(model: str, inp: int, out: int) -> tuple[float, float]:
     """(TTFT, mean TPOT) of one request alone on one replica, from the written-out coefficients."""
     c = COEF[model]
     ttft, done = 0.0, 0
-    while done < inp:  # chunked prefill, 2048 tokens per iteration
-        chunk = min(2048, inp - done)
+    while done < inp:  # chunked prefill, 8192 tokens per iteration (vLLM V1's H100 max_num_batched_tokens)
+        chunk = min(8192, inp - done)
         ttft += _iteration_s(c, 0, done, chunk, chunk * (done + chunk / 2))
         done += chunk
     k = out - 1  # the first token comes with the last prefill chunk; then k decode steps, context +1 each
@@ -319,7 +319,7 @@ CASES = [  # (class, input, output, arrival): each alone on its replica
     ("chat", 60000, 20, 40.0),  # long prompt: TTFT over the chat SLO
 ]
 #: (TTFT s, mean TPOT s) of each case, evaluated once from `_alone` and kept as constants
-ALONE = [(0.27322931, 0.011969251), (0.082097099, 0.0062991602), (4.3260649, 0.013617017)]
+ALONE = [(0.31050538, 0.017875276), (0.075849389, 0.0062991602), (4.7557686, 0.019556011)]
 
 
 def test_sla_accounting_hand_computed() -> None:

@@ -21,7 +21,7 @@ from schemas.fleet import PRECISION_INDEX, Precision, default_fleet
 from schemas.plan import BatchAdmission, Ordering, Plan, PoolPlan, Routing
 from streams.workload.builder import REQUEST_SCHEMA
 from worldmodel.groundtruth import state as st
-from worldmodel.groundtruth.runtime import SiteRuntime
+from worldmodel.groundtruth.runtime import Physics, SiteRuntime
 from worldmodel.physics import step_coefficients
 
 MARKET, SITE = "PJM", "site-pjm"
@@ -29,9 +29,9 @@ M8 = "llama-3.1-8b"  # TP1: one GPU per replica
 TEL_DT = 10.0
 
 
-def pool(gpu: str, n: int, *, precision: str = "bf16", clock: float | None = None) -> PoolPlan:
+def pool(gpu: str, n: int, *, precision: str = "bf16", clock: float | None = None, kv_dtype: str = "auto") -> PoolPlan:
     clock = clock or (1980 if gpu == "H100" else 1410)
-    return PoolPlan(SITE, M8, gpu, n, n, 1, precision, 256, clock)
+    return PoolPlan(SITE, M8, gpu, n, n, 1, precision, 256, clock, kv_dtype=kv_dtype)
 
 
 def static_plan(*pools: PoolPlan) -> Plan:
@@ -48,9 +48,9 @@ def frame(rows: list[tuple[float, int, int]]) -> pl.DataFrame:
     return pl.DataFrame(out, schema=REQUEST_SCHEMA).sort("arrival_s")
 
 
-def runtime(rows: list[tuple[float, int, int]], plan: Plan) -> SiteRuntime:
+def runtime(rows: list[tuple[float, int, int]], plan: Plan, physics: Physics | None = None) -> SiteRuntime:
     """The default PJM site with nominal nodes, prewarmed at the plan's floors."""
-    rt = SiteRuntime(default_fleet((MARKET,)).site(MARKET), frame(rows))
+    rt = SiteRuntime(default_fleet((MARKET,)).site(MARKET), frame(rows), physics)
     rt.hw.node_speed[:] = 1.0
     rt.apply_plan(plan, prewarm=True)
     return rt
@@ -62,11 +62,12 @@ def _iteration_s(c, n_dec: int, kv: float, p_tok: float, p_attn: float, compute:
     return mem * memory + (c.per_prefill_token_s * p_tok + c.per_prefill_attn_s * p_attn) * compute
 
 
-def alone_ttft(c, inp: int, compute: float = 1.0, memory: float = 1.0) -> float:
-    """TTFT (s) of a request alone on a replica: chunked prefill, 2048 tokens per iteration."""
+def alone_ttft(c, inp: int, compute: float = 1.0, memory: float = 1.0, budget: float | None = None) -> float:
+    """TTFT (s) of a request alone on a replica: chunked prefill, the pool's token budget per iteration."""
     t, done = 0.0, 0
+    budget = int(budget or c.token_budget)
     while done < inp:
-        chunk = min(2048, inp - done)
+        chunk = min(budget, inp - done)
         t += _iteration_s(c, 0, done, chunk, chunk * (done + chunk / 2), compute, memory)
         done += chunk
     return t
@@ -97,13 +98,14 @@ SWITCH_S = 120.0
 PROBE = (400.5, 6000, 100)  # arrives long after the reload, alone on an idle replica
 
 
-def _precision_run(switch_to: str) -> tuple[SiteRuntime, dict]:
+def _precision_run(switch_to: str, *, start: str = "bf16", kv_from: str = "auto", kv_to: str = "auto",
+                   ) -> tuple[SiteRuntime, dict]:
     rows = [(0.5 + 0.5 * k, 2000, 200) for k in range(300)] + [PROBE]  # steady load until 150 s
-    rt = runtime(rows, static_plan(pool("H100", 2)))
+    rt = runtime(rows, static_plan(pool("H100", 2, precision=start, kv_dtype=kv_from)))
     rt.advance(SWITCH_S)
     before = {"gen": int(rt.req.gen.sum()), "running": rt.rep.n[:2].copy(),
               "done": int(np.isfinite(rt.req.done).sum()), "dispatched": rt.req.dispatched.copy()}
-    rt.apply_plan(static_plan(pool("H100", 2, precision=switch_to)))
+    rt.apply_plan(static_plan(pool("H100", 2, precision=switch_to, kv_dtype=kv_to)))
     return rt, before
 
 
@@ -166,6 +168,52 @@ def test_reapplying_the_same_precision_does_not_reload() -> None:
     assert int(rt.req.gen.sum()) > before["gen"] and int(np.isfinite(rt.req.done).sum()) > before["done"]
     n_ev = int(rt.logs.n_ev[0])
     assert not (rt.logs.ev_kind[:n_ev] == st.EV_RECONFIGURED).any()
+
+
+def test_kv_dtype_change_reloads_the_replica_like_a_precision_change() -> None:
+    """fp8 weights with an "auto" (bf16) KV cache -> the same weights with an fp8 KV cache: vLLM takes
+    --kv-cache-dtype at start-up, so both replicas restart (sequences requeued, GPUs held while loading) and
+    come back with twice the KV tokens and half the KV read time; re-applying fp8 KV changes nothing."""
+    auto = step_coefficients(M8, "H100", 1, "fp8", 1980.0)
+    fp8kv = step_coefficients(M8, "H100", 1, "fp8", 1980.0, kv_dtype="fp8")
+    rt, before = _precision_run("fp8", start="fp8", kv_to="fp8")
+    reps = np.flatnonzero(rt.rep.pool == 0)[:2]
+    assert before["running"].sum() > 0
+    assert rt.rep.state[reps].tolist() == [st.LOADING, st.LOADING]
+    assert rt.rep.prec[reps].tolist() == [st.precision_code("fp8", "fp8")] * 2 == [3, 3]
+    assert rt.rep.ready_at[reps] == pytest.approx([SWITCH_S + fp8kv.weights_load_s] * 2, rel=1e-12)
+    assert rt.rep.n[reps].tolist() == [0, 0] and int(rt.req.preempted.sum()) == int(before["running"].sum())
+    assert rt.rep.coef[reps, st.C_KVCAP].tolist() == [fp8kv.kv_capacity_tokens] * 2
+    assert rt.rep.coef[reps, st.C_KV] == pytest.approx([auto.per_kv_token_s / 2] * 2, rel=1e-12)
+    n_ev = int(rt.logs.n_ev[0])
+    assert sorted(rt.logs.ev_rep[:n_ev][rt.logs.ev_kind[:n_ev] == st.EV_RECONFIGURED].tolist()) == reps.tolist()
+    rt.advance(SWITCH_S + 1.0)
+    rt.apply_plan(static_plan(pool("H100", 2, precision="fp8", kv_dtype="fp8")))  # the same again: no restart
+    assert rt.rep.ready_at[reps] == pytest.approx([SWITCH_S + fp8kv.weights_load_s] * 2, rel=1e-12)
+    n_ev2 = int(rt.logs.n_ev[0])
+    assert (rt.logs.ev_kind[:n_ev2] == st.EV_RECONFIGURED).sum() == 2
+
+
+def test_kv_dtype_not_offered_with_bf16_weights() -> None:
+    rt = runtime([(1.0, 100, 10)], static_plan(pool("H100", 1)))
+    with pytest.raises(ValueError, match="kv_dtype"):
+        rt.apply_plan(static_plan(pool("H100", 1, precision="bf16", kv_dtype="fp8")))
+
+
+@pytest.mark.parametrize(("gpu", "budget"), [("H100", 8192), ("A100", 2048)])
+def test_token_budget_follows_the_gpu_type(gpu: str, budget: int) -> None:
+    """A 6,000-token prompt alone: one prefill iteration on H100 (vLLM V1 default 8,192 tokens), three chunks
+    of at most 2,048 on A100; Physics(token_budget=...) overrides the default for every pool."""
+    inp = 6000
+    c = step_coefficients(M8, gpu, 1, "bf16", 1980.0 if gpu == "H100" else 1410.0)
+    assert c.token_budget == budget
+    for physics, chunk in ((None, budget), (Physics(token_budget=1024), 1024)):
+        rt = runtime([(1.0, inp, 20)], static_plan(pool(gpu, 1)), physics)
+        rt.advance(30.0)
+        ttft = rt.req.first[0] - 1.0
+        assert ttft == pytest.approx(alone_ttft(c, inp, budget=chunk), rel=1e-9)
+        other = 2048 if chunk == 8192 else 8192
+        assert abs(ttft - alone_ttft(c, inp, budget=other)) > 1e-4
 
 
 # --- (b) no hidden thermal slowdown ---------------------------------------------------------------------------

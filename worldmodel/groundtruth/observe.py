@@ -191,7 +191,8 @@ class ObservationStream:
                 "gpu_type": [rt.pool_keys[p][2] for p in pool],
                 "kind": [_EVENT_KINDS[k] for k in logs.ev_kind[lo:n]],
                 "tp": rt.pools.tp[pool],
-                "precision": [_PRECISIONS[int(rt.pools.prec[p])] for p in pool],
+                # the weights' part of the precision code (groundtruth.state.precision_code)
+                "precision": [_PRECISIONS[int(rt.pools.prec[p]) % len(_PRECISIONS)] for p in pool],
                 "sm_clock_mhz": rt.pools.clock[pool],
                 "max_batch": rt.pools.max_batch[pool],
                 "hostnames": [

@@ -1,4 +1,5 @@
-"""Compiled reconfiguration: a precision change reloads a replica's weights; its sequences are requeued."""
+"""Compiled reconfiguration: a change of weight precision or KV-cache dtype restarts a replica's engine (vLLM
+takes both at start-up: it reloads the weights and re-profiles the KV cache); its sequences are requeued."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from worldmodel.groundtruth.state import (
 def reload_replica(
     rep: Replicas, pools: Pools, req: Requests, q: Queues, logs: Logs, si: np.ndarray, r: int, t: float
 ) -> None:
-    """Requeue replica r's sequences (recompute later), then hold its GPUs loading the new weights."""
+    """Requeue replica r's sequences (recompute later), then hold its GPUs loading the pool's planned precision
+    code (weights and KV dtype) for the pool's load time."""
     for k in range(rep.n[r]):
         i = rep.seqs[r, k]
         req.preempted[i] += 1

@@ -20,9 +20,9 @@ from worldmodel.groundtruth.state import (
     C_PATTN,
     C_PTOK,
     C_SEQ,
+    C_TOKENS,
     CACHE_SLOTS,
     MAX_BATCH,
-    S_TOKEN_BUDGET,
     Replicas,
     Requests,
 )
@@ -136,7 +136,7 @@ def plan_step(rep: Replicas, r: int, req: Requests, sf: np.ndarray, t: float, ed
     if n == 0:
         rep.stepping[r] = 0
         return math.inf
-    budget = sf[S_TOKEN_BUDGET]
+    budget = rep.coef[r, C_TOKENS]  # the engine's max_num_batched_tokens for the pool's GPU type
     n_dec = 0
     p_tok = 0.0
     p_attn = 0.0

@@ -12,7 +12,6 @@ from schemas.fleet import (
     DEFAULT_TP,
     GPU_INDEX,
     GPUS_PER_NODE,
-    PRECISION_INDEX,
     SM_CLOCK_RANGE_MHZ,
     GpuType,
     Precision,
@@ -50,24 +49,33 @@ class Physics:
 
     fp8_speedup_scale: float = 1.0
     clock_power_exponent: float = 2.2
-    token_budget: int = 2048  # vLLM max_num_batched_tokens default for the OpenAI server (chunked prefill)
+    #: chunked-prefill tokens per iteration for every pool; None: vLLM V1's default per GPU type
+    #: (schemas.fleet.VLLM_MAX_NUM_BATCHED_TOKENS: H100 8192, A100 2048)
+    token_budget: int | None = None
     release_margin_s: float = 1200.0
     load_power_frac: float = 0.3
     cold_start_s: float | None = None  # replica start to ready (s); None: the cited default of the physics
     scaler_trigger: str = "v1"  # "v1": vLLM V1 waiting semantics + deferrable slack; "legacy": the old trigger
 
 
-def coef_row(model: str, gpu: str, tp: int, precision: str, clock_mhz: float, physics: Physics) -> np.ndarray:
+def coef_row(
+    model: str, gpu: str, tp: int, precision: str, clock_mhz: float, physics: Physics, kv_dtype: str = "auto"
+) -> np.ndarray:
     """Coefficient row in worldmodel.physics.COEFF_FIELDS order (the engine's state.C_* columns).
 
     With `physics.cold_start_s` set, every replica start (and precision reload) takes that many seconds instead
-    of the cited default (worldmodel.physics.tables.weights_load_s)."""
-    c = step_coefficients(model, gpu, tp, precision, clock_mhz, fp8_speedup_scale=physics.fp8_speedup_scale)
+    of the cited default (worldmodel.physics.tables.weights_load_s); with `physics.token_budget` set, every pool
+    schedules that many tokens per iteration instead of its GPU type's vLLM default."""
+    c = step_coefficients(
+        model, gpu, tp, precision, clock_mhz, kv_dtype=kv_dtype, fp8_speedup_scale=physics.fp8_speedup_scale
+    )
     row = c.as_array()
     if physics.cold_start_s is not None:
         if physics.cold_start_s < 0:
             raise ValueError(f"cold_start_s must be >= 0, got {physics.cold_start_s}")
         row[st.C_LOAD] = physics.cold_start_s
+    if physics.token_budget is not None:
+        row[st.C_TOKENS] = physics.token_budget
     return row
 
 
@@ -210,7 +218,6 @@ class SiteRuntime:
         self.sf[st.S_NODE_OVERHEAD_H100] = node_overhead_w("H100")
         self.sf[st.S_NODE_OVERHEAD_A100] = node_overhead_w("A100")
         self.sf[st.S_GAMMA] = self.physics.clock_power_exponent
-        self.sf[st.S_TOKEN_BUDGET] = self.physics.token_budget
         self.sf[st.S_RELEASE_MARGIN] = self.physics.release_margin_s
         self.sf[st.S_LOAD_POWER_FRAC] = self.physics.load_power_frac
         self.plan: Plan | None = None
@@ -220,8 +227,9 @@ class SiteRuntime:
         return float(self.sf[st.S_NOW])
 
     def apply_plan(self, plan: Plan, prewarm: bool = False) -> None:
-        """Set the runtime's bounds from a plan. Clock and batch cap change at once; a precision change
-        reloads the pool's replicas (their sequences are requeued). With prewarm, floors start warm."""
+        """Set the runtime's bounds from a plan. Clock and batch cap change at once; a change of weight
+        precision or KV-cache dtype restarts the pool's replicas (their sequences are requeued; the precision
+        code `state.precision_code` carries both). With prewarm, floors start warm."""
         t = self.now
         self.si[st.S_ROUTING] = _ROUTING[Routing(plan.routing)]
         self.si[st.S_ADMISSION] = _ADMISSION[BatchAdmission(plan.batch_admission)]
@@ -235,13 +243,13 @@ class SiteRuntime:
                 self.pools.floor[p] = 0
                 self.pools.ceil[p] = 0
                 continue
-            prec = PRECISION_INDEX[pp.precision]
+            prec = st.precision_code(pp.precision, pp.kv_dtype)
             self.pools.floor[p] = pp.replica_floor
             self.pools.ceil[p] = pp.replica_ceiling
             self.pools.max_batch[p] = min(pp.max_batch, st.MAX_BATCH)
             self.pools.clock[p] = pp.sm_clock_mhz
             self.pools.clock_max[p] = float(SM_CLOCK_RANGE_MHZ[GpuType(g)][1])
-            row = coef_row(m, g, int(self.pools.tp[p]), pp.precision, pp.sm_clock_mhz, self.physics)
+            row = coef_row(m, g, int(self.pools.tp[p]), pp.precision, pp.sm_clock_mhz, self.physics, pp.kv_dtype)
             reload = self.plan is not None and prec != self.pools.prec[p]
             self.pools.prec[p] = prec
             self.pools.coef[p, :] = row

@@ -10,19 +10,49 @@ from typing import NamedTuple
 
 import numpy as np
 
+from schemas.fleet import PRECISION_INDEX, KvCacheDtype, Precision
 from worldmodel.physics import COEFF_FIELDS
 
 #: Telemetry sample and power-accounting step (s): the engine samples every TEL_DT, the scaler averages over it.
 TEL_DT = 10.0
-MAX_BATCH = 512  # hard cap on sequences per replica (array width)
+#: Hard cap on sequences per replica (array width): vLLM V1's largest default max_num_seqs (1024, H100-class;
+#: schemas.fleet.VLLM_MAX_NUM_SEQS), so the as-deployed engine is never truncated by the array.
+MAX_BATCH = 1024
 CACHE_SLOTS = 2048  # direct-mapped prefix-cache slots per replica (512-token blocks)
 # Coefficient columns, in worldmodel.physics.COEFF_FIELDS order (StepCoefficients.as_array()).
 N_COEF = len(COEFF_FIELDS)
-C_BASE, C_SEQ, C_KV, C_PTOK, C_PATTN, C_KVCAP, C_LOAD, C_IDLE, C_MAXP = (
+C_BASE, C_SEQ, C_KV, C_PTOK, C_PATTN, C_KVCAP, C_LOAD, C_IDLE, C_MAXP, C_TOKENS = (
     COEFF_FIELDS.index(f)
     for f in ("base_s", "per_seq_s", "per_kv_token_s", "per_prefill_token_s", "per_prefill_attn_s",
-              "kv_capacity_tokens", "weights_load_s", "idle_power_w", "max_power_w")
+              "kv_capacity_tokens", "weights_load_s", "idle_power_w", "max_power_w", "token_budget")
 )  # fmt: skip
+
+#: The KV-cache dtype's digit in a precision code (code = weights index + N_PRECISIONS x KV index).
+KV_INDEX: dict[KvCacheDtype, int] = {KvCacheDtype.AUTO: 0, KvCacheDtype.FP8: 1}
+N_PRECISIONS = len(PRECISION_INDEX)
+
+
+def precision_code(precision: str, kv_dtype: str = "auto") -> int:
+    """One integer per (weights, KV dtype) a replica is loaded with; a change of either reloads it.
+
+    bf16 + auto = 0, fp8 + auto = 1 (the weight index, as before KV dtypes), fp8 + fp8 KV = 3.
+
+    >>> precision_code("bf16"), precision_code("fp8"), precision_code("fp8", "fp8")
+    (0, 1, 3)
+    """
+    return PRECISION_INDEX[Precision(precision)] + N_PRECISIONS * KV_INDEX[KvCacheDtype(kv_dtype)]
+
+
+def decode_precision(code: int) -> tuple[str, str]:
+    """(weight precision, KV dtype) of a precision code.
+
+    >>> decode_precision(3)
+    ('fp8', 'fp8')
+    """
+    weights = next(str(p) for p, i in PRECISION_INDEX.items() if i == code % N_PRECISIONS)
+    kv = next(str(k) for k, i in KV_INDEX.items() if i == code // N_PRECISIONS)
+    return weights, kv
+
 
 # replica states
 OFF, LOADING, WARM, DRAINING = 0, 1, 2, 3
@@ -64,7 +94,7 @@ class Replicas(NamedTuple):
     speed: np.ndarray  # f8 hidden per-node step-time multiplier
     thr_cmp: np.ndarray  # f8 compute-clock share under the site cap: min(f x thr, f_pl) / min(f, f_pl) (0-1]
     coef: np.ndarray  # f8 [R, N_COEF] at the replica's precision and clock
-    prec: np.ndarray  # i8 precision loaded
+    prec: np.ndarray  # i8 precision code loaded (weights and KV dtype, `precision_code`)
     n: np.ndarray  # i8 sequences in the running set
     seqs: np.ndarray  # i8 [R, MAX_BATCH] request ids
     active: np.ndarray  # i8 [R, MAX_BATCH] 1 if part of the current iteration
@@ -109,8 +139,8 @@ class Pools(NamedTuple):
     max_batch: np.ndarray  # i8
     clock: np.ndarray  # f8 MHz planned
     clock_max: np.ndarray  # f8 MHz
-    prec: np.ndarray  # i8
-    coef: np.ndarray  # f8 [P, N_COEF] at planned precision and clock
+    prec: np.ndarray  # i8 planned precision code (weights and KV dtype, `precision_code`)
+    coef: np.ndarray  # f8 [P, N_COEF] at planned precision, KV dtype and clock
     priority: np.ndarray  # i8 lower = scaled up first
     slot_lo: np.ndarray  # i8 replica slot range [lo, hi)
     slot_hi: np.ndarray  # i8
@@ -166,6 +196,7 @@ class Logs(NamedTuple):
 MAX_MODELS = 8
 # float scalars
 S_NOW, S_NEXT_TEL, S_NEXT_AS, S_NODE_OVERHEAD_H100, S_NODE_OVERHEAD_A100 = range(5)
+# S_TOKEN_BUDGET is unused: the token budget is per pool, by GPU type (coefficient column C_TOKENS)
 S_GAMMA, S_TOKEN_BUDGET, S_RELEASE_MARGIN, S_AS_TARGET, S_LOAD_POWER_FRAC = range(5, 10)
 # completed deferrable requests of model m: output tokens summed at S_DOUT_SUM + m, count at S_DOUT_N + m (the
 # autoscaler's running mean of deferrable output length; read only after completion)

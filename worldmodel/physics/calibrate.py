@@ -150,7 +150,7 @@ def aic_rows(model: str, tp: int, precision: str) -> tuple[Rows, Rows]:
     df = aiconfigurator_frame().filter(
         (pl.col("model_path") == name) & (pl.col("tp_size") == tp) & (pl.col("precision") == precision)
     )
-    cap = kv_capacity_tokens(model, "H100", tp, precision, kv_precision="bf16")
+    cap = kv_capacity_tokens(model, "H100", tp, precision, kv_dtype="auto")
     px, py, dx, dy, keys = [], [], [], [], []
     cols = ("isl", "osl", "batch_size", "silicon_ttft_ms", "silicon_tpot_ms")
     for isl, osl, c, ttft, tpot in df.select(*cols).rows():
@@ -189,7 +189,7 @@ def fitted(dataset: str, model: str, gpu: str, tp: int, precision: str) -> Fit:
         raise ValueError(f"{dataset} has no rows for {model} {gpu} TP{tp} {precision}")
     if len(prefill.y_s) == 0 or len(decode.y_s) == 0:
         raise ValueError(f"{dataset} has no KV-feasible rows for {model} {gpu} TP{tp} {precision}")
-    lo = roofline_floors(model, gpu, tp, precision)
+    lo = roofline_floors(model, gpu, tp, precision, kv_dtype="auto")  # every measured engine kept a bf16 KV cache
     floor = np.array(
         [0.0, 0.0, lo["per_kv_token_s"], lo["per_prefill_token_s"], lo["per_prefill_attn_s"], 0, 0]
     )
