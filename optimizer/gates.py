@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from optimizer.levers import PrecisionPolicy
 from optimizer.objective import Objective
 from optimizer.replica_capacity import kv_sequences
-from schemas.fleet import SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType
+from schemas.fleet import SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType, default_max_num_seqs
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import Plan
 from worldmodel.servingmodel import ServingModel
@@ -97,7 +97,8 @@ def sla_gate(outcome: PredictedOutcome, cfg: GateConfig) -> GateResult:
 
 def capacity_gate(plan: Plan, ctx: GateContext, cfg: GateConfig) -> GateResult:
     """Fail on GPUs beyond the inventory, floor > ceiling, clocks off range, weights that do not fit, or a
-    max_batch whose KV cache at the forecast mean context exceeds kv_overcommit x what fits."""
+    max_batch whose KV cache at the forecast mean context exceeds kv_overcommit x what fits (the engine's own
+    default max_num_seqs always passes: the engine admits by KV, as deployed)."""
     bad: list[str] = []
     used: dict[tuple[str, str], int] = defaultdict(int)
     ctx_tokens = _context_tokens(ctx.forecast)
@@ -121,7 +122,7 @@ def capacity_gate(plan: Plan, ctx: GateContext, cfg: GateConfig) -> GateResult:
         fits = kv_sequences(ctx.serving, p, ctx_tokens.get(p.model, 1.0))
         if fits <= 0:
             bad.append(f"{name}: {p.precision} weights do not fit {p.tp} x {p.gpu}")
-        elif p.max_batch > cfg.kv_overcommit * fits:
+        elif p.max_batch > max(cfg.kv_overcommit * fits, default_max_num_seqs(p.gpu)):
             bad.append(f"{name}: max_batch {p.max_batch} > {cfg.kv_overcommit:g} x {fits:.0f} sequences "
                        f"whose KV fits at {ctx_tokens.get(p.model, 1.0):.0f} tokens")
     for (site_name, gpu), n in used.items():

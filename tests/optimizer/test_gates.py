@@ -69,6 +69,14 @@ def test_capacity_gate_rejects_max_batch_whose_kv_does_not_fit():
     assert capacity_gate(set_pool(REF, A100_8B, max_batch=384), CTX, CFG).passed
 
 
+def test_capacity_gate_passes_the_engine_default_batch_cap():
+    """vLLM V1's H100 default (1,024 sequences) is how the references deploy 70B, whose KV holds far fewer:
+    the engine admits by KV, so the default passes while anything above it still needs the KV to fit."""
+    assert capacity_gate(set_pool(REF, H100_70B, max_batch=1024), CTX, CFG).passed
+    g = capacity_gate(set_pool(REF, H100_70B, max_batch=1025), CTX, CFG)
+    assert not g.passed and "max_batch 1025 > 2 x" in g.reason
+
+
 def test_power_gate_rejects_peak_above_site_cap():
     o = replace(fake_outcome(REF, F), peak_power_w=61_000.0)
     g = power_gate(REF, o, CTX)
