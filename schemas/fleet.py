@@ -63,6 +63,15 @@ VLLM_MAX_NUM_SEQS: dict[GpuType, Tagged] = {
 }
 
 
+def default_max_num_batched_tokens(gpu: str) -> int:
+    """vLLM V1's default max_num_batched_tokens on `gpu` (tokens per iteration): the as-deployed token budget.
+
+    >>> default_max_num_batched_tokens("H100"), default_max_num_batched_tokens("A100")
+    (8192, 2048)
+    """
+    return int(VLLM_MAX_NUM_BATCHED_TOKENS[GpuType(gpu)].value)
+
+
 def default_max_num_seqs(gpu: str) -> int:
     """vLLM V1's default max_num_seqs on `gpu` (sequences per replica): the as-deployed batch cap.
 

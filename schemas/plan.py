@@ -36,6 +36,8 @@ class PoolPlan:
     tp : tensor parallelism (GPUs per replica).
     precision : "bf16" or "fp8" weights (a change reloads weights).
     kv_dtype : KV-cache dtype, "auto" (bf16) or "fp8" (fp8 weights only; a change restarts the replica).
+    max_num_batched_tokens : chunked-prefill token budget per iteration (tokens), None for the engine's default
+        on the GPU type (vLLM's `--max-num-batched-tokens`; a change restarts the replica).
     max_batch : max concurrent sequences per replica (count).
     sm_clock_mhz : locked SM clock (MHz); immediate to change.
     """
@@ -50,6 +52,7 @@ class PoolPlan:
     max_batch: int
     sm_clock_mhz: int
     kv_dtype: str = "auto"
+    max_num_batched_tokens: int | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -31,10 +31,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from schemas.fleet import SM_CLOCK_RANGE_MHZ
+from schemas.fleet import SM_CLOCK_RANGE_MHZ, default_max_num_batched_tokens
 from schemas.protocol import Protocol
 from sinks import sql
-from worldmodel.servingmodel import Priors
 
 FORMATS = ("hpa", "keda", "nvidia-smi", "vllm", "deferral")
 #: Hugging Face ids of the served models (schemas/models.py: the Meta Llama 3.1 releases).
@@ -223,8 +222,9 @@ def nvidia_smi(record: Mapping[str, Any]) -> str:
 
 def vllm_args(pool: Mapping[str, Any]) -> list[str]:
     """`vllm serve` argv (after `vllm serve MODEL`) of one pool."""
+    budget = pool.get("max_num_batched_tokens") or default_max_num_batched_tokens(pool["gpu"])
     args = ["--tensor-parallel-size", str(int(pool["tp"])), "--max-num-seqs", str(int(pool["max_batch"])),
-            "--max-num-batched-tokens", str(int(pool.get("max_num_batched_tokens") or Priors().chunk_tokens)),
+            "--max-num-batched-tokens", str(int(budget)),
             "--kv-cache-dtype", str(pool.get("kv_dtype") or "auto")]
     if pool.get("precision") == "fp8":
         args += ["--quantization", "fp8"]

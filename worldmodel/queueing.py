@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from schemas.fleet import default_max_num_batched_tokens
 from schemas.plan import Ordering, Plan, PoolPlan
 from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max
 from worldmodel.snapshot import FleetSnapshot
@@ -70,7 +71,7 @@ def pool_static(sm: ServingModel, snap: FleetSnapshot, p: PoolPlan) -> Pool:
     cfg = PoolConfig(p.gpu, p.model, p.tp, p.precision, clock_or_max(p.gpu, p.sm_clock_mhz))
     state = snap.pool(p.key)
     load_s = sm.load_s(cfg)
-    chunk_s = sm.prefill_s(cfg, sm.priors.chunk_tokens)
+    chunk_s = sm.prefill_s(cfg, chunk_tokens_of(sm, p))
     if state is None:
         # no fleet state at all (nothing observed yet): the plan's floors are taken to be in place
         current = p.replica_floor if not snap.pools else 0
@@ -138,8 +139,9 @@ def serve_pool(
         t_dec = sm.decode_step_s(p.cfg, b, ctx)
         b = min(max(lam_r * (t_pf + load.n_out * t_dec / (1.0 - rho_pf)), 1.0), b_cap)
     t_dec = sm.decode_step_s(p.cfg, b, ctx)
-    chunks = load.n_in / sm.priors.chunk_tokens
-    s = _prompt_service(sm, p.cfg, load.n_in, t_dec)
+    chunk = chunk_tokens_of(sm, pp)
+    chunks = load.n_in / chunk
+    s = _prompt_service(sm, p.cfg, load.n_in, t_dec, chunk)
     # two places a request waits before its first token: the prompt-chunk queue of its replica, and, once
     # the batches are full, a batch slot (lam_r x residence / b_cap of them held; M/G/c with Sakasegawa's
     # P(wait) over the b_cap x replicas slots).
@@ -153,7 +155,7 @@ def serve_pool(
     edf = (load.lam_i + 0.5 * load.lam_b) / (load.lam_i + load.lam_b) if edf_on else 1.0
     if edf_on:
         lam_q = lam_r * load.lam_i / (load.lam_i + load.lam_b)
-        s_q = _prompt_service(sm, p.cfg, load.n_in_i, t_dec)
+        s_q = _prompt_service(sm, p.cfg, load.n_in_i, t_dec, chunk)
         cv_q = load.size_cv_i
     else:
         lam_q, s_q, cv_q = lam_r, s, load.size_cv
@@ -194,7 +196,15 @@ def _p_wait(rho: float, servers: float) -> float:
     return min(rho ** (math.sqrt(2.0 * (servers + 1.0)) - 1.0), 1.0) if rho > 0.0 else 0.0
 
 
-def _prompt_service(sm: ServingModel, cfg: PoolConfig, n_in: float, t_dec: float) -> float:
-    """A prompt's time in the chunk queue (s): its compute, and one decode step per chunk (prefill is served
-    in chunks that share iterations with decode)."""
-    return sm.prefill_s(cfg, n_in) + max(1.0, n_in / sm.priors.chunk_tokens) * t_dec
+def _prompt_service(sm: ServingModel, cfg: PoolConfig, n_in: float, t_dec: float, chunk: float) -> float:
+    """A prompt's time in the chunk queue (s): its compute, and one decode step per chunk of `chunk` tokens
+    (prefill is served in chunks that share iterations with decode)."""
+    return sm.prefill_s(cfg, n_in) + max(1.0, n_in / chunk) * t_dec
+
+
+def chunk_tokens_of(sm: ServingModel, p: PoolPlan) -> int:
+    """Prefill tokens per iteration of pool plan `p` (tokens): the plan's budget, else the serving model's
+    prior, else the engine's default on the GPU type (the operator's own serving configuration)."""
+    if p.max_num_batched_tokens is not None:
+        return p.max_num_batched_tokens
+    return sm.priors.chunk_tokens or default_max_num_batched_tokens(p.gpu)

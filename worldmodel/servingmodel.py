@@ -66,7 +66,8 @@ class Priors:
     load_fixed_s : container/engine start time on top of weight loading (s).
     power_clock_exponent : dynamic power ~ (clock / max)^exponent.
     decode_activity, prefill_activity : share of dynamic power drawn while decoding / prefilling (0-1).
-    chunk_tokens : prefill tokens per iteration (vLLM max_num_batched_tokens, the serving config; tokens).
+    chunk_tokens : prefill tokens per iteration (vLLM max_num_batched_tokens, the serving config; tokens); None:
+        the engine's default for the pool's GPU type unless the plan sets it (`chunk_tokens_of`).
     node_idle_w : idle power of one 8-GPU server per GPU type (W; Splitwise, REFERENCES.md): the node's
         non-GPU overhead is this minus eight idle GPUs, drawn by every node that hosts a live replica.
     """
@@ -82,7 +83,7 @@ class Priors:
     power_clock_exponent: float = 2.0
     decode_activity: float = 0.35
     prefill_activity: float = 0.9
-    chunk_tokens: int = 2048
+    chunk_tokens: int | None = None
     node_idle_w: dict[str, float] = field(default_factory=lambda: {"H100": 2800.0, "A100": 1500.0})
     provenance: Provenance = Provenance.MODELED
 

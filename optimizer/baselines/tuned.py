@@ -50,6 +50,7 @@ class StaticConfig:
     max_batch : sequences per replica, or None to keep each pool's as-deployed cap (the engine default).
     clock_share : SM clock as a share of the GPU's maximum.
     target : the autoscaler's utilization target.
+    max_num_batched_tokens : chunked-prefill token budget (tokens), or None for the engine default per GPU type.
     """
 
     precision: str = "bf16"
@@ -57,10 +58,12 @@ class StaticConfig:
     max_batch: int | None = None
     clock_share: float = 1.0
     target: float = 0.8
+    max_num_batched_tokens: int | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {"precision": self.precision, "kv_dtype": self.kv_dtype, "max_batch": self.max_batch,
-                "clock_share": self.clock_share, "target": self.target}  # fmt: skip
+                "clock_share": self.clock_share, "target": self.target,
+                "max_num_batched_tokens": self.max_num_batched_tokens}  # fmt: skip
 
 
 #: The configuration as deployed (production's).
@@ -166,6 +169,7 @@ def _configure(plan: Plan, cfg: StaticConfig) -> Plan:
                 p,
                 precision=str(prec),
                 kv_dtype=str(kv),
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
                 max_batch=p.max_batch if cfg.max_batch is None else cfg.max_batch,
                 sm_clock_mhz=int(max(lo, round(hi * cfg.clock_share))),
             )

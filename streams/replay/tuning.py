@@ -1,17 +1,16 @@
 """What an operator knows from its own past traffic: the fleet running at window start, and the best static
 configuration of the `production-tuned` reference.
 
-`lead_in_fleet` serves the hour before the window as deployed (production) and reports the replicas warm
-or loading at the window's start: the state every autoscaled policy starts from.
+`lead_in_fleet` serves the hour before the window as deployed (production) and reports the replicas warm or
+loading at the window's start: the state every autoscaled policy starts from.
 
 Each candidate static configuration (weight precision with KV-cache dtype, batch cap, SM clock, autoscaler
-target) serves the same past window, one week before the replay window at the same local time, on the ground
-truth; the winner is the highest SLA-met per dollar among configurations whose violation rate stays within
-0.1 pp of the as-deployed configuration's in every class. The search is coordinate-wise, as an operator tunes
-one knob at a time: from the deployed configuration, each axis in `AXES` in turn is set to its best value
-given the others (the deployed value kept when nothing beats it), so every axis is searched at the
-best of the ones before it. Only data from before the window is used.
-"""
+target, chunked-prefill token budget) serves the same past window, one week before the replay window at the same
+local time, on the ground truth; the winner is the highest SLA-met per dollar among configurations whose
+violation rate stays within 0.1 pp of the as-deployed configuration's in every class. The search is coordinate-
+wise, as an operator tunes one knob at a time: from the deployed configuration, each axis in `AXES` in turn is
+set to its best value given the others (the deployed value kept when nothing beats it), so every axis is
+searched at the best of the ones before it. Only data from before the window is used."""
 
 from __future__ import annotations
 
@@ -31,12 +30,14 @@ from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.runtime import Physics
 
 #: The axes searched in turn, each with its values ((weights, KV dtype) pairs for precision; fp8 applies where
-#: the GPU has it, H100; max_batch None = the engine's default per GPU type, as deployed).
+#: the GPU has it, H100; max_batch and max_num_batched_tokens None = the engine's default per GPU type, as
+#: deployed).
 AXES: tuple[tuple[str, tuple[object, ...]], ...] = (
     ("precision", (("bf16", "auto"), ("fp8", "auto"), ("fp8", "fp8"))),
     ("max_batch", (None, 128, 256, 512)),
     ("clock_share", (1.0, 0.85, 0.7)),
     ("target", (0.8, 0.7, 0.9)),
+    ("max_num_batched_tokens", (None, 2048, 4096)),
 )
 SLA_SLACK = 0.001  # 0.1 pp
 

@@ -22,6 +22,7 @@ def _score(cfg: StaticConfig) -> tuple[float, float]:
         gp += 4.0 if cfg.kv_dtype == "fp8" else -3.0
     gp += {1.0: 0.0, 0.85: 1.0, 0.7: 6.0}[cfg.clock_share]
     gp += {0.8: 0.0, 0.7: -1.0, 0.9: 2.0}[cfg.target]
+    gp += {None: 0.0, 2048: 3.0, 4096: 1.0}[cfg.max_num_batched_tokens]
     viol = 0.01 + (0.02 if cfg.clock_share == 0.7 else 0.0) + (0.0005 if cfg.target == 0.9 else 0.0)
     return gp, viol
 
@@ -49,9 +50,9 @@ def test_coordinate_search_finds_the_best_admissible_configuration(fake_runs: li
     t = tuning.tune_static("PJM", datetime(2023, 7, 27, 18, tzinfo=UTC), default_fleet(("PJM",)), seed=0)
     # fp8 weights + fp8 KV, then batch 512 (better only with the fp8 KV), clock 0.85 (0.7 breaks the SLA),
     # target 0.9 stays within 0.1 pp of the deployed violation rate (+0.05 pp)
-    assert t.config == StaticConfig("fp8", "fp8", 512, 0.85, 0.9)
+    assert t.config == StaticConfig("fp8", "fp8", 512, 0.85, 0.9, 2048)
     assert fake_runs[0] == DEPLOYED
-    assert len(fake_runs) == len(set(fake_runs)) == 1 + 2 + 3 + 2 + 2  # each configuration measured once
+    assert len(fake_runs) == len(set(fake_runs)) == 1 + 2 + 3 + 2 + 2 + 2  # each configuration measured once
     assert {r["config"]["kv_dtype"] for r in t.table} == {"auto", "fp8"}
 
 

@@ -298,3 +298,22 @@ def test_power_cap_controller_does_not_act_under_the_cap() -> None:
     t = tel(rt)
     locked = np.where(rt.pools.gpu[rt.rep.pool[t["rep"].to_numpy()]] == 0, 1095.0, 1005.0)
     assert (t["clock"].to_numpy() == locked).all()  # effective clock = locked clock: the cap does not act
+
+
+def test_the_plans_token_budget_reaches_the_replicas_and_a_change_restarts_them() -> None:
+    """PoolPlan.max_num_batched_tokens (vLLM's --max-num-batched-tokens) sets the pool's chunk: a 6,000-token
+    prompt alone takes the chunks of 1,024 tokens on H100 instead of the 8,192 default; changing it later
+    restarts the replica (an engine argument), leaving it alone does not."""
+    from dataclasses import replace
+
+    inp = 6000
+    c = step_coefficients(M8, "H100", 1, "bf16", 1980.0)
+    small = static_plan(replace(pool("H100", 1), max_num_batched_tokens=1024))
+    rt = runtime([(1.0, inp, 20)], small)
+    rt.advance(30.0)
+    assert rt.req.first[0] - 1.0 == pytest.approx(alone_ttft(c, inp, budget=1024), rel=1e-9)
+    r = int(np.flatnonzero(rt.rep.pool == 0)[0])
+    rt.apply_plan(small)
+    assert rt.rep.state[r] == st.WARM
+    rt.apply_plan(static_plan(pool("H100", 1)))  # back to the engine default: a restart
+    assert rt.rep.state[r] == st.LOADING and rt.rep.coef[r, st.C_TOKENS] == 8192

@@ -59,13 +59,14 @@ class Physics:
 
 
 def coef_row(
-    model: str, gpu: str, tp: int, precision: str, clock_mhz: float, physics: Physics, kv_dtype: str = "auto"
+    model: str, gpu: str, tp: int, precision: str, clock_mhz: float, physics: Physics, kv_dtype: str = "auto",
+    token_budget: int | None = None,
 ) -> np.ndarray:
     """Coefficient row in worldmodel.physics.COEFF_FIELDS order (the engine's state.C_* columns).
 
     With `physics.cold_start_s` set, every replica start (and precision reload) takes that many seconds instead
-    of the cited default (worldmodel.physics.tables.weights_load_s); with `physics.token_budget` set, every pool
-    schedules that many tokens per iteration instead of its GPU type's vLLM default."""
+    of the cited default (worldmodel.physics.tables.weights_load_s). The token budget per iteration is the plan's
+    `token_budget` where set, else `physics.token_budget` where set, else the GPU type's vLLM default."""
     c = step_coefficients(
         model, gpu, tp, precision, clock_mhz, kv_dtype=kv_dtype, fp8_speedup_scale=physics.fp8_speedup_scale
     )
@@ -74,8 +75,11 @@ def coef_row(
         if physics.cold_start_s < 0:
             raise ValueError(f"cold_start_s must be >= 0, got {physics.cold_start_s}")
         row[st.C_LOAD] = physics.cold_start_s
-    if physics.token_budget is not None:
-        row[st.C_TOKENS] = physics.token_budget
+    budget = token_budget if token_budget is not None else physics.token_budget
+    if budget is not None:
+        if budget < 1:
+            raise ValueError(f"token budget must be >= 1 token, got {budget}")
+        row[st.C_TOKENS] = budget
     return row
 
 
@@ -228,8 +232,9 @@ class SiteRuntime:
 
     def apply_plan(self, plan: Plan, prewarm: bool = False) -> None:
         """Set the runtime's bounds from a plan. Clock and batch cap change at once; a change of weight
-        precision or KV-cache dtype restarts the pool's replicas (their sequences are requeued; the precision
-        code `state.precision_code` carries both). With prewarm, floors start warm."""
+        precision, KV-cache dtype or token budget restarts the pool's replicas (engine arguments taken at start-up;
+        their sequences are requeued; the precision code `state.precision_code` carries weights and KV). With
+        prewarm, floors start warm."""
         t = self.now
         self.si[st.S_ROUTING] = _ROUTING[Routing(plan.routing)]
         self.si[st.S_ADMISSION] = _ADMISSION[BatchAdmission(plan.batch_admission)]
@@ -249,15 +254,17 @@ class SiteRuntime:
             self.pools.max_batch[p] = min(pp.max_batch, st.MAX_BATCH)
             self.pools.clock[p] = pp.sm_clock_mhz
             self.pools.clock_max[p] = float(SM_CLOCK_RANGE_MHZ[GpuType(g)][1])
-            row = coef_row(m, g, int(self.pools.tp[p]), pp.precision, pp.sm_clock_mhz, self.physics, pp.kv_dtype)
-            reload = self.plan is not None and prec != self.pools.prec[p]
+            row = coef_row(m, g, int(self.pools.tp[p]), pp.precision, pp.sm_clock_mhz, self.physics, pp.kv_dtype,
+                           pp.max_num_batched_tokens)  # fmt: skip
+            budget = row[st.C_TOKENS]
+            reload = self.plan is not None and (prec != self.pools.prec[p] or budget != self.pools.coef[p, st.C_TOKENS])
             self.pools.prec[p] = prec
             self.pools.coef[p, :] = row
             self.pools.w_read_s[p] = weight_read_s(m, g, int(self.pools.tp[p]), pp.precision)
             for r in range(self.pools.slot_lo[p], self.pools.slot_hi[p]):
                 if self.rep.state[r] == st.OFF:
                     continue
-                if reload and self.rep.prec[r] != prec:
+                if reload and (self.rep.prec[r] != prec or self.rep.coef[r, st.C_TOKENS] != budget):
                     reload_replica(self.rep, self.pools, self.req, self.q, self.logs, self.si, r, t)
                 else:
                     self.rep.coef[r, :] = row

@@ -12,6 +12,7 @@ from typing import Any
 
 import polars as pl
 
+from schemas.fleet import GpuType, default_max_num_batched_tokens
 from schemas.protocol import PROTOCOL_V1
 from worldmodel.selfcal import ANY, TAIL_LEVELS, Quantity, SelfCalibrator, model_key
 from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max, size_cv_from_p90
@@ -108,7 +109,9 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
     params = {"s": start, "as_of": end}
     period_s = max((end - start).total_seconds(), 1.0)
     rows: list[tuple[str, str, str, str, float, float]] = []
-    for r in state.frame(_PERIOD_SQL, {**params, "chunk": model.priors.chunk_tokens}).iter_rows(named=True):
+    # single-chunk prompts: within the smallest default budget unless the priors fix one (tokens)
+    single = model.priors.chunk_tokens or min(default_max_num_batched_tokens(g) for g in GpuType)
+    for r in state.frame(_PERIOD_SQL, {**params, "chunk": single}).iter_rows(named=True):
         cfg = PoolConfig(
             r["gpu_type"],
             r["model"],
@@ -125,7 +128,7 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
         key = model_key(cfg.model, cfg.precision)
         out_mean = float(r["out_mean"])
         out_cv = size_cv_from_p90(out_mean, float(r["out90"]))
-        chunks = new_mean / prior.priors.chunk_tokens
+        chunks = new_mean / (prior.priors.chunk_tokens or default_max_num_batched_tokens(cfg.gpu))
         implied = implied_decode_step(float(r["tpot_s"]), step, rate, t_pf, chunks, out_mean, out_cv)
         rows.append((Quantity.DECODE, cfg.gpu, r["node"], key, step, implied))
         if min(r["n_lo"] or 0, r["n_hi"] or 0) >= PREFILL_MIN_PROMPTS:
