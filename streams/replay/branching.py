@@ -108,24 +108,29 @@ def branch_value(
     drain: bool = True,
     cap_s: float = DRAIN_CAP_S,
     label: str | None = None,
+    open_at_t0: bool = True,
 ) -> Branch:
     """Fork `run`'s runtime (which must stand at the period boundary t0), serve `plan` for the decided period
     and the continuation after it; return the branch's value and gp/$ (module docstring). The run is not
-    touched. drain False stops at t0 + (1 + H) period (the short screen)."""
+    touched. drain False stops at t0 + (1 + H) period (the short screen). open_at_t0: the requests still open
+    at t0 (arrived earlier, unfinished, not yet past their last SLA-meeting instant) belong to the branch's
+    set too (the decision serves them); False keeps only the arrivals of the 1 + H periods."""
     t_wall = time.perf_counter()
     if abs(run.runtime.now - t0) > 1e-6:
         raise ValueError(f"the runtime stands at {run.runtime.now} s, not at the fork point {t0} s")
     rt = run.runtime.fork()
     br = replace(run, runtime=rt, policy=label or plan.label, decisions=[], decision_ms=[], plans=[],
                  plan_by_period={}, observations=None)  # fmt: skip
+    req = rt.req
+    t_h = t0 + (1 + H) * period_s
+    in_set = (req.arrival >= t0) & (req.arrival < t_h)
+    if open_at_t0:
+        in_set |= (req.arrival < t0) & np.isnan(req.done) & (sla_dead_s(br) > t0)
     rt.apply_plan(plan)
     for j in range(1, H + 1):
         rt.advance(t0 + j * period_s)
         rt.apply_plan(_continuation(continuation, j))
-    t_h = t0 + (1 + H) * period_s
     rt.advance(t_h)
-    req = rt.req
-    in_set = (req.arrival >= t0) & (req.arrival < t_h)
     t = t_h
     if drain:
         dead = sla_dead_s(br)[in_set]
@@ -305,6 +310,11 @@ def regret(best: float, chosen: float) -> float:
     if chosen >= best:
         return 0.0
     return (best - chosen) / abs(best) if best != 0 else math.inf
+
+
+def arrival_periods(arrival_s: np.ndarray, period_s: float) -> int:
+    """Periods from the window start through the last arrival's (those whose decisions serve new requests)."""
+    return int(np.floor(float(np.max(arrival_s)) / period_s)) + 1 if np.size(arrival_s) else 0
 
 
 def sample_periods(periods: int, seed: int, n: int = REGRET_SAMPLES) -> list[int]:

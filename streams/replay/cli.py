@@ -34,6 +34,7 @@ from schemas.audit import decision_id
 from schemas.fleet import default_fleet
 from schemas.protocol import CLASSES
 from sinks.audit_store import FILE_GLOB, ParquetAuditStore
+from streams.replay.branching import arrival_periods
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.hindsight import (
     HINDSIGHT,
@@ -228,7 +229,8 @@ REFERENCES = ("production", "production-tuned", "naive")
 
 
 def _window_periods(wl: Workload, period_s: float) -> int:
-    return int(round((wl.window.end - wl.window.start).total_seconds() / period_s))
+    """Periods that receive arrivals (the decisions the regret audit samples from)."""
+    return arrival_periods(wl.requests["arrival_s"].to_numpy(), period_s)
 
 
 def _check_branching(args: argparse.Namespace, policies: list[str]) -> None:
@@ -467,8 +469,10 @@ def print_tables(results: dict[str, Any], basis: str) -> None:
         for name, p in m["policies"].items():
             r = p.get("realized_regret")
             if r and r["n"]:
-                print(f"realized regret {name}: mean {r['mean']:.4f}  p50 {r['p50']:.4f}  p90 {r['p90']:.4f}  "
-                      f"share>0 {r['share_positive']:.2f}  n {r['n']}")
+                print(
+                    f"realized regret {name}: mean {r['mean']:.4f}  p50 {r['p50']:.4f}  p90 {r['p90']:.4f}  "
+                    f"share>0 {r['share_positive']:.2f}  n {r['n']}"
+                )
         if "hindsight" in m:
             h = m["hindsight"]
             verdict = "valid" if h["valid"] else f"INVALID (beaten by {', '.join(h['beaten_by'])})"

@@ -31,6 +31,7 @@ from streams.replay.branching import (
     DRAIN_STEP_S,
     SCREEN_TOP,
     SLA_SLACK,
+    arrival_periods,
     candidate_plans,
     compare,
     live_replicas,
@@ -115,17 +116,16 @@ def run_hindsight(
     on_period: Callable[[int], None] | None = None,
 ) -> tuple[RunResult, list[dict[str, Any]]]:
     """The hindsight arm over the workload's window (module docstring); returns the run and its per-period
-    choices. Period 0 is production's start plan (the fleet running at window start); the drain runs on
-    under production's plan, as every arm's drain does under its own last plan."""
+    choices. Period 0 is production's start plan (the fleet running at window start); after the last arrival's
+    period (the drain) it runs on under production's plan."""
     if CONTINUATION not in references:
         raise ValueError("the hindsight arm needs the production reference's run (its continuation)")
     settings = settings or BranchSettings()
     ctx = _Context(references, gstar, period_s, settings)
-    window_periods = int(round((workload.window.end - workload.window.start).total_seconds() / period_s))
     choices: list[dict[str, Any]] = []
 
     def intercept(k: int, run: RunResult, plan: Plan) -> Plan:
-        if k >= window_periods:
+        if k >= arrival_periods(run.runtime.req.arrival, period_s):  # the drain: nothing arrives any more
             return _plan_at(references[CONTINUATION], k)
         t = time.perf_counter()
         plans = ctx.plans(run, k)

@@ -300,5 +300,9 @@ class SiteRuntime:
             return v
 
         new = object.__new__(type(self))
-        new.__dict__.update({k: dup(v) for k, v in self.__dict__.items()})
+        new.__dict__.update({k: dup(v) for k, v in self.__dict__.items() if k != "heap"})
+        n = int(self.si[st.S_HEAP_N])  # the heap's live entries are its first n; the rest is never read
+        new.heap = tuple(np.zeros(a.shape, a.dtype) for a in self.heap)
+        for a, b in zip(new.heap, self.heap, strict=True):
+            a[:n] = b[:n]
         return new
