@@ -114,10 +114,12 @@ def run_hindsight(
     initial_replicas: dict[tuple[str, str, str], int] | None = None,
     settings: BranchSettings | None = None,
     on_period: Callable[[int], None] | None = None,
+    **replay: Any,
 ) -> tuple[RunResult, list[dict[str, Any]]]:
     """The hindsight arm over the workload's window (module docstring); returns the run and its per-period
     choices. Period 0 is production's start plan (the fleet running at window start); after the last arrival's
-    period (the drain) it runs on under production's plan."""
+    period (the drain) it runs on under production's plan. replay: further run_replay arguments (window_s,
+    grace_s), as the references were run."""
     if CONTINUATION not in references:
         raise ValueError("the hindsight arm needs the production reference's run (its continuation)")
     settings = settings or BranchSettings()
@@ -141,7 +143,7 @@ def run_hindsight(
         return dict(plans)[label]
 
     run = run_replay(workload, ProductionPolicy(), fleet, period_s=period_s, physics=physics, on_period=on_period,
-                     all_sites=all_sites, initial_replicas=initial_replicas, intercept=intercept)  # fmt: skip
+                     all_sites=all_sites, initial_replicas=initial_replicas, intercept=intercept, **replay)  # fmt: skip
     run.policy = HINDSIGHT
     return run, choices
 

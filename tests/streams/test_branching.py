@@ -204,7 +204,9 @@ def test_hindsight_arm_flags_and_validity(wl: Workload, prod: RunResult) -> None
     other arms (flagged invalid, not raised, when an arm beats it)."""
     naive = _run(wl, create("naive"))
     refs = {"production": prod, "naive": naive}
-    run, choices = run_hindsight(wl, FLEET, refs, G_STAR, period_s=P, settings=BranchSettings(K=16, H=1))
+    run, choices = run_hindsight(
+        wl, FLEET, refs, G_STAR, period_s=P, settings=BranchSettings(K=16, H=1), window_s=PERIODS * P, grace_s=P
+    )
     assert [c["period"] for c in choices] == [1, 2]
     assert all(c["candidates"] >= 16 for c in choices)
     assert run.policy == HINDSIGHT
