@@ -167,6 +167,29 @@ def test_known_better_alternative_gives_regret(wl: Workload, prod: RunResult) ->
     assert s["n"] == 2 and s["share_positive"] == 1.0 and s["mean"] > 0
 
 
+class Recorded(Starved):
+    """Starved, keeping a decision record per period as the aurelius arms do (`realized` null until known)."""
+
+    def plan(self, obs: Observations) -> Plan:
+        self._rec = {"policy": self.name, "period_index": obs.period_index, "realized": None}
+        return super().plan(obs)
+
+    def last_decision(self) -> dict | None:
+        return getattr(self, "_rec", None)
+
+
+def test_realized_regret_lands_in_the_decision_records(wl: Workload, prod: RunResult) -> None:
+    audit = RegretAudit({"production": prod}, G_STAR, P, PERIODS, 0, BranchSettings(K=16, H=1))
+    run = _run(wl, Recorded(), audit.intercept)
+    audit.attach(run)
+    audited = [r for r in run.decisions if r["realized"] is not None]
+    assert [r["period_index"] for r in audited] == [1, 2]
+    for r in audited:
+        real = r["realized"]
+        assert set(real) >= {"value", "best_value", "best_label", "regret", "set_size", "H"}
+        assert real["regret"] == audit.realized[r["period_index"]]["regret"] > 0
+
+
 def test_production_regret_audit_is_consistent(wl: Workload, prod: RunResult) -> None:
     """Auditing production itself: the chosen plan is in the set, so regret >= 0 and the set holds >= 16."""
     audit = RegretAudit({"production": prod}, G_STAR, P, PERIODS, 0, BranchSettings(K=16, H=1))
