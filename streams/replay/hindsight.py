@@ -184,6 +184,8 @@ class RegretAudit:
             "best_label": best_label,
             "best_gp_per_dollar": best.gp_per_dollar,
             "regret": regret(best.value, chosen.value),
+            "value_gap": best.value - chosen.value,  # requests; beside the ratio, which |best| near 0 inflates
+            "requests": chosen.requests,
             "set_size": len(plans),
             "H": s.H,
             "g_star": self.gstar,
