@@ -14,6 +14,7 @@ import pytest
 
 from optimizer.registry import create, names
 from optimizer.wiring import build_policy
+from schemas.cost import gpu_cost_owned_usd
 from schemas.fleet import default_fleet
 from schemas.plan import Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
@@ -21,7 +22,7 @@ from streams.replay.branching import Branch, branch_value, candidate_plans, live
 from streams.replay.cli import _aggregate, _check_branching, _hindsight_flags
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.hindsight import HINDSIGHT, BranchSettings, RegretAudit, hindsight_check, run_hindsight
-from streams.replay.metrics import cost_between, period_costs, summarize
+from streams.replay.metrics import cost_between, fleet_gpus, period_costs, summarize
 from streams.workload.builder import Workload, build_workload
 
 MARKET = "PJM"
@@ -80,6 +81,7 @@ def test_branch_under_the_same_plan_reproduces_the_main_period(wl: Workload) -> 
             f.advance((k + 1) * P)
             seen["fork"] = replace(run, runtime=f)
             seen["branch"] = branch_value(run, plan, plan, k * P, P, 0, G_STAR, drain=False)
+            seen["owned"] = branch_value(run, plan, plan, k * P, P, 0, G_STAR, drain=False, basis="owned")
         return plan
 
     run = _run(wl, create("production"), fork_here)
@@ -101,6 +103,9 @@ def test_branch_under_the_same_plan_reproduces_the_main_period(wl: Workload) -> 
     assert c["cost_usd"] == pytest.approx(row["cost_usd"], rel=1e-12)
     b: Branch = seen["branch"]  # type: ignore[assignment]
     assert b.cost_usd == pytest.approx(row["cost_usd"], rel=1e-12)
+    assert b.value == pytest.approx(b.sla_met - G_STAR * row["cost_usd"], rel=1e-12)
+    owned: Branch = seen["owned"]  # type: ignore[assignment]
+    assert owned.cost_usd == pytest.approx(gpu_cost_owned_usd(fleet_gpus(run), P / 3600.0) + row["energy_usd"])
 
 
 def _halved(plan: Plan, live: dict[tuple[str, str, str], int]) -> Plan:
