@@ -114,6 +114,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--report", action="store_true", help="then write the HTML report and figures under OUT/report")
+    p.add_argument(
+        "--hindsight", action="store_true",
+        help="also run the hindsight arm (an oracle, not deployable: branches K plans per period on the ground "
+        "truth and commits the best; the window's measured headroom); needs production among --policies",
+    )  # fmt: skip
+    p.add_argument("--hindsight-k", type=int, default=16, help="hindsight candidates per period (>= 16)")
+    p.add_argument("--branch-h", type=int, default=2, help="continuation periods H of every branch")
+    p.add_argument(
+        "--realized-regret", default="", metavar="POLICIES",
+        help="comma-separated policies whose decisions get realized regret on ground-truth branches (>= 30 "
+        "decisions per window drawn by the seed; e.g. aurelius,production); needs production among --policies",
+    )  # fmt: skip
     p.set_defaults(_run="streams.replay.cli:run")
 
     p = sub.add_parser("report", help="HTML report (offline, one file) and PNG/SVG figures of a replay output")

@@ -36,7 +36,17 @@ from schemas.fleet import default_fleet
 from schemas.policy import REFERENCE_POLICIES
 from schemas.protocol import CLASSES
 from sinks.audit_store import FILE_GLOB, ParquetAuditStore
+from streams.replay.branching import arrival_periods
 from streams.replay.driver import RunResult, run_replay
+from streams.replay.hindsight import (
+    HINDSIGHT,
+    BranchSettings,
+    RegretAudit,
+    g_star,
+    hindsight_check,
+    regret_stats,
+    run_hindsight,
+)
 from streams.replay.metrics import PROVENANCE, per_period, request_outcomes, summarize
 from streams.replay.ruler import ruler_record
 from streams.replay.tuning import lead_in_fleet, tune_static
@@ -56,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     years = [int(y) for y in _csv(args.years)] if args.years else [args.year]
     seeds = [int(s) for s in _csv(args.seeds)]
     policies = _csv(args.policies)
+    _check_branching(args, policies)
+    arms = policies + ([HINDSIGHT] if getattr(args, "hindsight", False) else [])
     physics = _physics(args)
     results: dict[str, Any] = {
         "schema_version": "1",
@@ -77,11 +89,11 @@ def run(args: argparse.Namespace) -> int:
     audit = _audit_store(out / "audit")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     windows: dict[str, dict[str, Any]] = {}
-    bar = tqdm(total=len(jobs) * len(policies), desc="replay", unit="run", disable=args.no_progress)
+    bar = tqdm(total=len(jobs) * len(arms), desc="replay", unit="run", disable=args.no_progress)
     for job, outcomes in _execute(jobs, args):
         for o in outcomes:
             windows[job.key] = o.window
-            runs.setdefault(job.key, {p: [] for p in policies})[o.policy].append(o.summary)
+            runs.setdefault(job.key, {p: [] for p in arms})[o.policy].append(o.summary)
             _store(db, o.frames)
             _audit(audit, o.decisions, job.seed)
             bar.update(1)
@@ -94,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         }
         _oracle_gap(results["markets"][key])
         _strongest_reference(results["markets"][key])
+        _hindsight_flags(results["markets"][key])
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print_tables(results, args.cost_basis)
     print(f"\nwrote {out / 'results.json'} and {out / 'replay.duckdb'}")
@@ -171,16 +184,77 @@ def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
     initial = lead_in_fleet(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
                             all_sites=job.all_sites)  # fmt: skip
     outcomes = []
-    for name in job.policies:
+    audited = set(_csv(getattr(args, "realized_regret", "") or ""))
+    hindsight = bool(getattr(args, "hindsight", False))
+    settings = BranchSettings(K=getattr(args, "hindsight_k", 16), H=getattr(args, "branch_h", 2),
+                              basis=args.cost_basis)  # fmt: skip
+    period_s = args.period_minutes * 60.0
+    # the references first: g* and the comparison set of the branches come from their runs
+    order = [n for n in job.policies if n in REFERENCES] + [n for n in job.policies if n not in REFERENCES]
+    refs: dict[str, RunResult] = {}
+    summaries: dict[str, dict[str, Any]] = {}
+    gstar = 0.0
+    for name in order:
+        audit = None
+        if name in audited and name not in REFERENCES:
+            audit = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), job.seed, settings)
         res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config,
-                   initial)  # fmt: skip
+                   initial, intercept=audit.intercept if audit else None)  # fmt: skip
         summary = summarize(res)
         summary["seed"] = job.seed
         summary.update(_decision_stats(res))
+        if name in REFERENCES:
+            refs[name] = res
+            summaries[name] = summary
+            if all(r in refs for r in REFERENCES if r in job.policies):  # the last reference has run
+                strongest, gstar = g_star(summaries, args.cost_basis)
+                window["g_star"] = {"reference": strongest, "gp_per_dollar": gstar, "cost_basis": args.cost_basis}
+        summaries[name] = summary
         if args.emit_observations and res.observations is not None:
             emit_observations(Path(args.out) / "observations" / job.key / name / f"seed{job.seed}", res)
+        if audit is not None:
+            audit.attach(res)
+            summary["realized_regret"] = audit.stats()
         outcomes.append(Outcome(name, summary, _frames(res, job.key), res.decisions, window))
+    for name in [n for n in order if n in audited and n in REFERENCES]:  # a reference audited: run it again
+        audit = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), job.seed, settings)
+        res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config,
+                   initial, intercept=audit.intercept)  # fmt: skip
+        next(o for o in outcomes if o.policy == name).summary["realized_regret"] = audit.stats()
+    if hindsight:
+        res, choices = run_hindsight(wl, fleet, refs, gstar, period_s=period_s, physics=physics,
+                                     all_sites=job.all_sites, initial_replicas=initial, settings=settings)  # fmt: skip
+        summary = summarize(res)
+        summary["seed"] = job.seed
+        summary.update(_decision_stats(res))
+        summaries[HINDSIGHT] = summary
+        summary["hindsight"] = {"oracle": True, "deployable": False, **settings.describe(), "g_star": gstar,
+                                "check": hindsight_check(summaries, args.cost_basis), "choices": choices}  # fmt: skip
+        outcomes.append(Outcome(HINDSIGHT, summary, _frames(res, job.key), [], window))
     return outcomes
+
+
+#: the references: they run first in a job (g*, the comparison set and the continuation come from them)
+REFERENCES = ("production", "production-tuned", "naive")
+
+
+def _window_periods(wl: Workload, period_s: float) -> int:
+    """Periods that receive arrivals (the decisions the regret audit samples from)."""
+    return arrival_periods(wl.requests["arrival_s"].to_numpy(), period_s)
+
+
+def _check_branching(args: argparse.Namespace, policies: list[str]) -> None:
+    """The branching flags need production (the continuation); the hindsight arm is no policy."""
+    if HINDSIGHT in policies:
+        raise SystemExit("hindsight is an oracle arm, not a policy: use --hindsight, not --policies")
+    audited = _csv(getattr(args, "realized_regret", "") or "")
+    if (getattr(args, "hindsight", False) or audited) and "production" not in policies:
+        raise SystemExit("--hindsight and --realized-regret need production among --policies (the continuation)")
+    unknown = [p for p in audited if p not in policies]
+    if unknown:
+        raise SystemExit(f"--realized-regret names policies not replayed: {unknown}")
+    if getattr(args, "hindsight", False) and args.hindsight_k < 16:
+        raise SystemExit("--hindsight-k must be at least 16")
 
 
 def _physics(args: argparse.Namespace) -> Physics:
@@ -203,6 +277,7 @@ def _one(
     all_sites: bool,
     tuned: StaticConfig | None,
     initial: dict[tuple[str, str, str], int],
+    intercept: Any = None,
 ) -> RunResult:
     """One replay; production-tuned runs the configuration measured best on the week before (`tuned`)."""
     if name == "production-tuned":
@@ -221,6 +296,7 @@ def _one(
             on_period=lambda _k: bar.update(1),
             all_sites=all_sites,
             initial_replicas=initial,
+            intercept=intercept,
         )
     finally:
         bar.close()
@@ -285,8 +361,27 @@ def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     for k in ("gp_per_dollar", "gp_per_dollar_owned"):
         out[f"{k}_min"] = min(s[k] for s in per_seed)
         out[f"{k}_max"] = max(s[k] for s in per_seed)
+    if any("realized_regret" in s for s in per_seed):  # pooled over the seeds' audited decisions
+        pooled = [v for s in per_seed for v in s.get("realized_regret", {}).get("values", [])]
+        out["realized_regret"] = regret_stats(pooled)
+    if "hindsight" in first:
+        out["oracle"], out["deployable"] = True, False
+        out["hindsight"] = {k: v for k, v in first["hindsight"].items() if k not in ("check", "choices")}
     out["by_seed"] = per_seed
     return out
+
+
+def _hindsight_flags(market: dict[str, Any]) -> None:
+    """A market's hindsight verdict: valid when hindsight >= every arm in gp/$ in each seed's run."""
+    h = market["policies"].get(HINDSIGHT)
+    if h is None:
+        return
+    checks = [s["hindsight"]["check"] for s in h["by_seed"]]
+    market["hindsight"] = {
+        "valid": all(c["valid"] for c in checks),
+        "invalid_seeds": [s["seed"] for s, c in zip(h["by_seed"], checks, strict=True) if not c["valid"]],
+        "beaten_by": sorted({n for c in checks for n in c["beaten_by"]}),
+    }
 
 
 def _oracle_gap(market: dict[str, Any]) -> None:
@@ -396,8 +491,9 @@ def print_tables(results: dict[str, Any], basis: str) -> None:
         )
         print(hdr)
         for name, p in m["policies"].items():
+            label = f"{name} (oracle*)" if p.get("deployable") is False else name
             print(
-                f"{name:<22}{p['offered']:>9.0f}{p['sla_met']:>9.0f}{100 * p['sla_violation_rate']:>7.2f}"
+                f"{label:<22}{p['offered']:>9.0f}{p['sla_met']:>9.0f}{100 * p['sla_violation_rate']:>7.2f}"
                 f"{p['gp_per_dollar']:>9.1f}{p['gp_per_dollar_owned']:>9.1f}{p['cost_usd']:>9.0f}"
                 f"{p['cost_usd_owned']:>9.0f}{p['energy_mwh']:>7.2f}{p['energy_share']:>8.3f}"
                 f"{p['gpu_hours']:>8.1f}{(p['ttft_p99_ms'] or 0):>8.0f}{(p['tpot_p99_ms'] or 0):>8.0f}"
@@ -409,3 +505,14 @@ def print_tables(results: dict[str, Any], basis: str) -> None:
             gains = ", ".join(f"{n} {g[b]:+.2%}" for n, g in m["gain_vs_strongest"].items())
             best = m["strongest_reference"][b]
             print(f"strongest reference ({b}): {best}" + (f"; gain over it: {gains}" if gains else ""))
+        for name, p in m["policies"].items():
+            r = p.get("realized_regret")
+            if r and r["n"]:
+                print(
+                    f"realized regret {name}: mean {r['mean']:.4f}  p50 {r['p50']:.4f}  p90 {r['p90']:.4f}  "
+                    f"share>0 {r['share_positive']:.2f}  n {r['n']}"
+                )
+        if "hindsight" in m:
+            h = m["hindsight"]
+            verdict = "valid" if h["valid"] else f"INVALID (beaten by {', '.join(h['beaten_by'])})"
+            print(f"* hindsight: an oracle on ground-truth branches, not deployable; the window's headroom; {verdict}")

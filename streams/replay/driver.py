@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from schemas.fleet import FleetSpec
+from schemas.plan import Plan
 from schemas.policy import Observations, Policy, PolicyContext
 from schemas.protocol import CLASSES
 from streams.datasets.prices import load_prices
@@ -40,6 +41,8 @@ class RunResult:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     decision_ms: list[float] = field(default_factory=list)
     plans: list[dict[str, Any]] = field(default_factory=list)
+    #: the Plan applied at each period boundary (period index -> plan; 0 is the start plan)
+    plan_by_period: dict[int, Plan] = field(default_factory=dict)
     observations: dict[str, list[pl.DataFrame]] | None = None
     wall_s: float = 0.0
 
@@ -74,12 +77,17 @@ def run_replay(
     all_sites: bool = False,
     initial_replicas: dict[tuple[str, str, str], int] | None = None,
     stop_at_s: float | None = None,
+    intercept: Callable[[int, RunResult, Plan], Plan] | None = None,
 ) -> RunResult:
     """Replay `workload` under `policy` at its market's site, or with all_sites at every site of the fleet
     (the three-site mode: one shared workload, residency by tenant); return the raw run.
 
     initial_replicas : the fleet running at window start per (site, model, gpu), handed to the policy's
-    context (see tuning.lead_in_fleet); stop_at_s : stop there instead of draining (s since window start)."""
+    context (see tuning.lead_in_fleet); stop_at_s : stop there instead of draining (s since window start);
+    intercept : called at each period boundary k >= 1 after the policy decided and before the plan is applied,
+    with the run (its runtime at the boundary) and the policy's plan; the plan it returns is the one applied
+    and recorded (streams/replay/branching.py: the realized-regret audit returns it unchanged, the hindsight
+    arm replaces it)."""
     t_wall = time.perf_counter()
     market = workload.window.market
     sites = fleet.sites if all_sites else (fleet.site(market),)
@@ -152,6 +160,8 @@ def run_replay(
         t0 = time.perf_counter()
         plan = policy.plan(obs)
         run.decision_ms.append((time.perf_counter() - t0) * 1000.0)
+        if intercept is not None:
+            plan = intercept(k, run, plan)
         _record(run, policy, plan, k)
         rt.apply_plan(plan)
     run.end_s = rt.now
@@ -166,8 +176,9 @@ def run_replay(
     return run
 
 
-def _record(run: RunResult, policy: Policy, plan: Any, k: int) -> None:
+def _record(run: RunResult, policy: Policy, plan: Plan, k: int) -> None:
     run.plans.append({"period": k, "label": plan.label})
+    run.plan_by_period[k] = plan
     rec = policy.last_decision()
     if rec is not None:
         run.decisions.append(rec)

@@ -254,3 +254,51 @@ def period_costs(run: RunResult, period_s: float = 300.0, cost: CostConfig | Non
     out["gpu_usd"] = gpu_usd
     out["cost_usd"] = gpu_usd + out["energy_usd"]
     return pl.DataFrame(out)
+
+
+def fleet_gpus(run: RunResult) -> dict[str, int]:
+    """GPUs of each type in the run's site inventory (the owned basis charges all of them)."""
+    out: dict[str, int] = {}
+    for site in run.runtime.sites:
+        for g in site.groups:
+            out[str(g.gpu)] = out.get(str(g.gpu), 0) + g.nodes * 8
+    return out
+
+
+def cost_between(run: RunResult, t_lo: float, t_hi: float, cost: CostConfig | None = None) -> dict[str, float]:
+    """Cost of the interval (t_lo, t_hi] (s since window start) of a run, on both bases, as :func:`summarize`
+    charges it: the 10 s site and telemetry rows whose tick falls in the interval (a tick at t covers
+    (t - 10 s, t]), the same prices, rental rates and amortization. Used by the counterfactual branches
+    (streams/replay/branching.py), which cost a branch from its fork point on.
+
+    Returns
+    -------
+    gpu_hours, energy_mwh, gpu_usd, energy_usd, cost_usd (rented: GPU-hours x rate + energy) and
+    cost_usd_owned (every inventory GPU for t_hi - t_lo at the amortized rate + energy).
+    """
+    cost = cost or CostConfig()
+    rt, logs = run.runtime, run.runtime.logs
+    hours = TEL_DT / 3600.0
+    n_site = int(logs.n_site[0])
+    site_t = logs.site_t[:n_site]
+    s_in = (site_t > t_lo) & (site_t <= t_hi)
+    it_kw = logs.site_it_w[:n_site][s_in] / 1000.0
+    energy_usd = energy_cost_usd(it_kw, hours, site_row_prices(run)[s_in], cost)
+    n_tel = int(logs.n_tel[0])
+    tel_t = logs.tel_t[:n_tel]
+    t_in = (tel_t > t_lo) & (tel_t <= t_hi)
+    pool = rt.rep.pool[logs.tel_rep[:n_tel][t_in]]
+    gpus = rt.pools.tp[pool] * hours
+    gpu_hours: dict[str, float] = {}
+    for p, (_, _, g) in enumerate(rt.pool_keys):
+        gpu_hours[g] = gpu_hours.get(g, 0.0) + float(gpus[pool == p].sum())
+    gpu_usd = gpu_cost_rented_usd(gpu_hours, cost)
+    owned_usd = gpu_cost_owned_usd(fleet_gpus(run), (t_hi - t_lo) / 3600.0, cost)
+    return {
+        "gpu_hours": float(sum(gpu_hours.values())),
+        "energy_mwh": float((it_kw * cost.pue.value * hours).sum() / 1000.0),
+        "gpu_usd": gpu_usd,
+        "energy_usd": energy_usd,
+        "cost_usd": gpu_usd + energy_usd,
+        "cost_usd_owned": owned_usd + energy_usd,
+    }

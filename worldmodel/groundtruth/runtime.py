@@ -326,3 +326,29 @@ class SiteRuntime:
                 grown[name] = out
         if grown:
             self.logs = logs._replace(**grown)
+
+    def fork(self) -> SiteRuntime:
+        """An independent copy of the runtime, to be taken at a period boundary (between `advance` calls).
+
+        Every array is copied (requests with their outcomes, replicas, pools, queues, hardware, logs, scalars,
+        event heap), so the copy runs forward under another plan without touching this one; the sites,
+        physics, request frame and current plan are immutable and shared. The engine draws no random numbers,
+        so a fork advanced under the same plans reproduces this runtime exactly (the same future arrivals and
+        sizes: common random numbers); its logs hold the history up to the fork, so a branch is costed from
+        the fork point on."""
+
+        def dup(v: object) -> object:
+            if isinstance(v, np.ndarray):
+                return v.copy()
+            if isinstance(v, tuple) and any(isinstance(x, np.ndarray) for x in v):
+                items = [dup(x) for x in v]
+                return type(v)(*items) if hasattr(v, "_fields") else tuple(items)
+            return v
+
+        new = object.__new__(type(self))
+        new.__dict__.update({k: dup(v) for k, v in self.__dict__.items() if k != "heap"})
+        n = int(self.si[st.S_HEAP_N])  # the heap's live entries are its first n; the rest is never read
+        new.heap = tuple(np.zeros(a.shape, a.dtype) for a in self.heap)
+        for a, b in zip(new.heap, self.heap, strict=True):
+            a[:n] = b[:n]
+        return new

@@ -1,0 +1,327 @@
+"""Counterfactual branching on the ground truth: what a plan realizes, against what other plans would have.
+
+A branch forks the run's runtime at a period boundary t0 (`SiteRuntime.fork`: every array copied, the
+same future arrivals and sizes, no random numbers in the engine), applies one plan for the decided period
+[t0, t0 + period), then the continuation (the production reference's plans, closed loop through the
+runtime's autoscaler) for H more periods, and then on, in DRAIN_STEP_S steps, until every request that
+arrived in [t0, t0 + (1 + H) period) has finished or is past the last instant it could still meet its SLA,
+at most DRAIN_CAP_S after the H periods (requests still open then count as unmet; `unresolved` says how
+many). Its value is
+
+    value = sla_met - g* x cost
+
+with sla_met over those requests, cost (GPU-hours + energy on the run's cost basis, streams/replay/metrics
+`cost_between`) over (t0, end of the branch], and g* the strongest reference's gp/$ over the whole window.
+Definitions: docs/metrics.md "Counterfactual branching". This module runs the ground truth and is an
+oracle's tool: the planner (optimizer/) never imports it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from schemas.cost import CostConfig
+from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType
+from schemas.plan import BatchAdmission, Plan, PoolPlan
+from schemas.protocol import CLASSES
+from streams.replay.driver import RunResult
+from streams.replay.metrics import cost_between, request_outcomes
+from worldmodel.groundtruth import state as st
+
+#: continuation periods after the decided one (H)
+DEFAULT_H = 2
+#: the longest a branch runs on after its H continuation periods for its requests to resolve (s)
+DRAIN_CAP_S = 3600.0
+#: step of that drain (s)
+DRAIN_STEP_S = 60.0
+#: the per-class SLA gate of the hindsight arm: violation rate within production's + 0.1 pp
+SLA_SLACK = 0.001
+#: hindsight candidates per period (at least)
+DEFAULT_K = 16
+#: two-stage screening: stage 1 runs every candidate over the decided period only (H = 0, no drain);
+#: stage 2 runs the SCREEN_TOP best of stage 1 (and production, the gate's baseline) at full H
+SCREEN_TOP = 3
+#: sampled decisions per run for realized regret (all of them when the window has fewer)
+REGRET_SAMPLES = 30
+
+Continuation = Plan | Sequence[Plan] | Callable[[int], Plan]
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One branch's outcome. value = sla_met - g* x cost (requests); gp_per_dollar = sla_met / cost."""
+
+    label: str
+    value: float
+    sla_met: int
+    requests: int
+    cost_usd: float
+    gp_per_dollar: float
+    violation: dict[str, float]
+    t0: float
+    end_s: float
+    unresolved: int
+    H: int
+    wall_s: float
+
+    def passes(self, baseline: Branch, slack: float = SLA_SLACK) -> bool:
+        """Per-class violation rate within the baseline branch's + slack (classes absent from a set pass)."""
+        return all(v <= baseline.violation.get(c, 1.0) + slack for c, v in self.violation.items())
+
+
+def _continuation(continuation: Continuation, j: int) -> Plan:
+    """The continuation's plan for the j-th period after the decided one (j >= 1)."""
+    if isinstance(continuation, Plan):
+        return continuation
+    if callable(continuation):
+        return continuation(j)
+    return continuation[min(j - 1, len(continuation) - 1)]
+
+
+def sla_dead_s(run: RunResult) -> np.ndarray:
+    """Per request, the instant after which, unfinished, it can no longer meet its SLA (s): a batch request's
+    deadline; an interactive one's arrival + TTFT SLO + TPOT SLO x (output tokens - 1) (ground truth)."""
+    rt = run.runtime
+    req = rt.req
+    decode = np.where(req.out > 1, rt.slo_tpot_s * np.maximum(req.out - 1, 1), 0.0)
+    inter = req.arrival + rt.slo_ttft_s + decode
+    return np.where(req.cls == CLASSES.index("batch"), req.deadline, inter)
+
+
+def branch_value(
+    run: RunResult,
+    plan: Plan,
+    continuation: Continuation,
+    t0: float,
+    period_s: float,
+    H: int,
+    g_star: float,
+    *,
+    cost: CostConfig | None = None,
+    basis: str = "rented",
+    drain: bool = True,
+    cap_s: float = DRAIN_CAP_S,
+    label: str | None = None,
+    open_at_t0: bool = True,
+) -> Branch:
+    """Fork `run`'s runtime (which must stand at the period boundary t0), serve `plan` for the decided period
+    and the continuation after it; return the branch's value and gp/$ (module docstring). The run is not
+    touched. drain False stops at t0 + (1 + H) period (the short screen). open_at_t0: the requests still open
+    at t0 (arrived earlier, unfinished, not yet past their last SLA-meeting instant) belong to the branch's
+    set too (the decision serves them); False keeps only the arrivals of the 1 + H periods."""
+    t_wall = time.perf_counter()
+    if abs(run.runtime.now - t0) > 1e-6:
+        raise ValueError(f"the runtime stands at {run.runtime.now} s, not at the fork point {t0} s")
+    rt = run.runtime.fork()
+    br = replace(run, runtime=rt, policy=label or plan.label, decisions=[], decision_ms=[], plans=[],
+                 plan_by_period={}, observations=None)  # fmt: skip
+    req = rt.req
+    t_h = t0 + (1 + H) * period_s
+    in_set = (req.arrival >= t0) & (req.arrival < t_h)
+    if open_at_t0:
+        in_set |= (req.arrival < t0) & np.isnan(req.done) & (sla_dead_s(br) > t0)
+    rt.apply_plan(plan)
+    for j in range(1, H + 1):
+        rt.advance(t0 + j * period_s)
+        rt.apply_plan(_continuation(continuation, j))
+    rt.advance(t_h)
+    t = t_h
+    if drain:
+        dead = sla_dead_s(br)[in_set]
+        j = H + 1
+        while t < t_h + cap_s:
+            open_ = np.isnan(req.done[in_set]) & (dead > t)
+            if not open_.any():
+                break
+            t = min(t + DRAIN_STEP_S, t_h + cap_s)
+            boundary = t0 + j * period_s
+            if t >= boundary:  # the continuation's next period starts: apply its plan there
+                rt.advance(boundary)
+                rt.apply_plan(_continuation(continuation, j))
+                j += 1
+            rt.advance(t)
+    o = request_outcomes(br)
+    met = o["sla_met"][in_set]
+    unresolved = int((np.isnan(req.done[in_set]) & (sla_dead_s(br)[in_set] > t)).sum())
+    c = cost_between(br, t0, t, cost)
+    usd = c["cost_usd_owned"] if basis == "owned" else c["cost_usd"]
+    cls = o["cls"][in_set]
+    violation = {name: float(1.0 - met[cls == k].mean()) for k, name in enumerate(CLASSES) if (cls == k).any()}
+    n_met = int(met.sum())
+    return Branch(
+        label=label or plan.label,
+        value=n_met - g_star * usd,
+        sla_met=n_met,
+        requests=int(in_set.sum()),
+        cost_usd=usd,
+        gp_per_dollar=n_met / usd if usd > 0 else math.inf,
+        violation=violation,
+        t0=t0,
+        end_s=t,
+        unresolved=unresolved,
+        H=H if drain else 0,
+        wall_s=time.perf_counter() - t_wall,
+    )
+
+
+# --- the hindsight arm's candidate plans ------------------------------------------------------------------
+
+
+def live_replicas(run: RunResult) -> dict[tuple[str, str, str], int]:
+    """Replicas warm or loading per pool key in the run's runtime now."""
+    rt = run.runtime
+    live = (rt.rep.state == st.WARM) | (rt.rep.state == st.LOADING)
+    counts = np.bincount(rt.rep.pool[live], minlength=len(rt.pool_keys))
+    return {key: int(counts[p]) for p, key in enumerate(rt.pool_keys)}
+
+
+def _pools(plan: Plan, f: Callable[[PoolPlan], PoolPlan]) -> Plan:
+    return plan.with_pools(tuple(f(p) for p in plan.pools))
+
+
+def _clock(p: PoolPlan, share: float) -> PoolPlan:
+    lo, hi = SM_CLOCK_RANGE_MHZ[GpuType(p.gpu)]
+    return replace(p, sm_clock_mhz=int(max(lo, round(hi * share))))
+
+
+def _fp8(p: PoolPlan, kv: str) -> PoolPlan:
+    if "fp8" not in PRECISIONS_BY_GPU[GpuType(p.gpu)]:
+        return p
+    return replace(p, precision="fp8", kv_dtype=kv)
+
+
+def _same(a: Plan, b: Plan) -> bool:
+    return replace(a, label="", notes=()) == replace(b, label="", notes=())
+
+
+def candidate_plans(
+    base: Plan,
+    references: dict[str, Plan],
+    previous: Plan | None,
+    live: dict[tuple[str, str, str], int],
+    k_min: int = DEFAULT_K,
+) -> list[tuple[str, Plan]]:
+    """The hindsight arm's plans at one period: the references' plans, the previous committed plan, and a
+    spread around `base` (production's plan for the period) over capacity floors and ceilings (relative to
+    the live fleet), the autoscaler target, the batch cap, precision with KV dtype (fp8 on H100 only), the SM
+    clock and deferral (batch admission). Duplicates (equal but for the label) are dropped; at least k_min."""
+
+    def n(p: PoolPlan) -> int:
+        return live.get(p.key, 0)
+
+    def cap(p: PoolPlan, v: int) -> int:
+        return max(0, min(v, p.replica_ceiling))
+
+    spread: list[tuple[str, Plan]] = [
+        ("hold-fleet", _pools(base, lambda p: replace(p, replica_floor=cap(p, n(p))))),
+        ("scale-out-25", _pools(base, lambda p: replace(p, replica_floor=cap(p, math.ceil(n(p) * 1.25))))),
+        ("scale-out-50", _pools(base, lambda p: replace(p, replica_floor=cap(p, math.ceil(n(p) * 1.5))))),
+        ("ceiling-live", _pools(base, lambda p: replace(p, replica_ceiling=max(p.replica_floor, n(p), 1)))),
+        (
+            "ceiling-75",
+            _pools(base, lambda p: replace(p, replica_ceiling=max(p.replica_floor, math.floor(n(p) * 0.75), 1))),
+        ),
+        (
+            "static-live",
+            replace(_pools(base, lambda p: replace(p, replica_floor=n(p), replica_ceiling=n(p))), autoscale=False),
+        ),
+        ("target-0.6", replace(base, autoscale_target=0.6)),
+        ("target-0.95", replace(base, autoscale_target=0.95)),
+        ("batch-128", _pools(base, lambda p: replace(p, max_batch=128))),
+        ("batch-512", _pools(base, lambda p: replace(p, max_batch=512))),
+        ("fp8", _pools(base, lambda p: _fp8(p, "auto"))),
+        ("fp8-kv-fp8", _pools(base, lambda p: _fp8(p, "fp8"))),
+        ("clock-0.85", _pools(base, lambda p: _clock(p, 0.85))),
+        ("clock-0.7", _pools(base, lambda p: _clock(p, 0.7))),
+        ("defer-batch", replace(base, batch_admission=BatchAdmission.HOLD)),
+        ("admit-batch", replace(base, batch_admission=BatchAdmission.IMMEDIATE)),
+    ]
+    pad: list[tuple[str, Plan]] = [
+        ("target-0.7", replace(base, autoscale_target=0.7)),
+        ("scale-out-100", _pools(base, lambda p: replace(p, replica_floor=cap(p, 2 * n(p))))),
+        ("fp8-batch-512", _pools(base, lambda p: replace(_fp8(p, "auto"), max_batch=512))),
+        ("clock-0.85-batch-512", _pools(base, lambda p: replace(_clock(p, 0.85), max_batch=512))),
+    ]
+    named = [(f"ref:{k}", v) for k, v in references.items()]
+    if previous is not None:
+        named.append(("previous", previous))
+    out: list[tuple[str, Plan]] = []
+    for label, plan in [*named, *spread, *pad]:
+        if len(out) >= k_min and label in dict(pad):
+            break
+        if not any(_same(plan, q) for _, q in out):
+            out.append((label, replace(plan, label=f"hindsight: {label}")))
+    return out
+
+
+# --- the comparison at one decision ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Every branch of one decision: stage-1 screens (H = 0) and stage-2 full branches (H, drained)."""
+
+    screened: dict[str, Branch]
+    full: dict[str, Branch]
+
+    def best(self, gate: str | None = None) -> tuple[str, Branch]:
+        """The full branch of highest value (with gate, among those passing the SLA gate against it)."""
+        pool = self.full.items()
+        if gate is not None:
+            pool = [(k, b) for k, b in pool if b.passes(self.full[gate])]
+        return max(pool, key=lambda kb: kb[1].value)
+
+
+def compare(
+    run: RunResult,
+    plans: Sequence[tuple[str, Plan]],
+    continuation: Continuation,
+    t0: float,
+    period_s: float,
+    H: int,
+    g_star: float,
+    *,
+    always: Sequence[str] = (),
+    top: int = SCREEN_TOP,
+    cost: CostConfig | None = None,
+    basis: str = "rented",
+) -> Comparison:
+    """Two-stage: every plan over the decided period only; then the `top` best of that screen and the
+    `always` labels at full H with the drain."""
+    kw: dict[str, Any] = {"cost": cost, "basis": basis}
+    screened = {lbl: branch_value(run, p, continuation, t0, period_s, 0, g_star, drain=False, label=lbl, **kw)
+                for lbl, p in plans}  # fmt: skip
+    ranked = sorted(screened, key=lambda lbl: screened[lbl].value, reverse=True)
+    keep = list(dict.fromkeys([*always, *ranked[:top]]))
+    by_label = dict(plans)
+    full = {lbl: branch_value(run, by_label[lbl], continuation, t0, period_s, H, g_star, label=lbl, **kw)
+            for lbl in keep}  # fmt: skip
+    return Comparison(screened, full)
+
+
+def regret(best: float, chosen: float) -> float:
+    """(best - chosen) / |best|, 0 when the chosen plan is the best (or best is 0 and chosen is not worse)."""
+    if chosen >= best:
+        return 0.0
+    return (best - chosen) / abs(best) if best != 0 else math.inf
+
+
+def arrival_periods(arrival_s: np.ndarray, period_s: float) -> int:
+    """Periods from the window start through the last arrival's (those whose decisions serve new requests)."""
+    return int(np.floor(float(np.max(arrival_s)) / period_s)) + 1 if np.size(arrival_s) else 0
+
+
+def sample_periods(periods: int, seed: int, n: int = REGRET_SAMPLES) -> list[int]:
+    """The decisions audited for realized regret: n of the window's periods 1 .. periods - 1, drawn by the
+    workload seed (all of them when there are fewer)."""
+    pool = list(range(1, periods))
+    if len(pool) <= n:
+        return pool
+    rng = np.random.default_rng(seed + 0x5EED)
+    return sorted(int(k) for k in rng.choice(pool, size=n, replace=False))

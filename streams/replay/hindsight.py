@@ -1,0 +1,227 @@
+"""The hindsight arm and the realized-regret audit, both on counterfactual branches of the ground truth
+(streams/replay/branching.py; definitions in docs/metrics.md "Counterfactual branching").
+
+- `run_hindsight`: at each period of the window, branch K >= 16 plans (the references' plans for that
+  period, the previous committed plan, a spread over the levers), commit the one of best value among those
+  whose per-class violation rate stays within production's branch + 0.1 pp, go on. It reads the realized
+  future through the simulator: an oracle, never a deployable policy. It is not in the policy registry and
+  `--policies` cannot select it; `aurelius replay --hindsight` runs it after the references of each job.
+- `RegretAudit`: at >= 30 decisions of a run drawn by the workload seed, the comparison set (the
+  references' plans for that period + the hindsight arm's K plans at the run's own state + the chosen
+  plan) is branched; realized regret = (best value - chosen value) / |best value|.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from optimizer.baselines.production import ProductionPolicy
+from schemas.cost import CostConfig
+from schemas.fleet import FleetSpec
+from schemas.plan import Plan
+from streams.replay.branching import (
+    DEFAULT_H,
+    DEFAULT_K,
+    DRAIN_CAP_S,
+    DRAIN_STEP_S,
+    SCREEN_TOP,
+    SLA_SLACK,
+    arrival_periods,
+    candidate_plans,
+    compare,
+    live_replicas,
+    regret,
+    sample_periods,
+)
+from streams.replay.driver import RunResult, run_replay
+from streams.workload.builder import Workload
+from worldmodel.groundtruth.runtime import Physics
+
+HINDSIGHT = "hindsight"
+#: the reference whose plans every branch continues under (closed loop through the runtime's autoscaler)
+CONTINUATION = "production"
+
+
+@dataclass(frozen=True)
+class BranchSettings:
+    """K candidates per period, H continuation periods, stage-2 width, drain cap, cost basis."""
+
+    K: int = DEFAULT_K
+    H: int = DEFAULT_H
+    top: int = SCREEN_TOP
+    basis: str = "rented"
+    cost: CostConfig | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "K": self.K,
+            "H": self.H,
+            "screening": f"stage 1: every candidate over the decided period only (H = 0, no drain); stage 2: "
+            f"the {self.top} best of stage 1, production's plan (the gate's baseline) and, for the regret "
+            f"audit, the chosen plan at H = {self.H} with the drain",
+            "drain_step_s": DRAIN_STEP_S,
+            "drain_cap_s": DRAIN_CAP_S,
+            "sla_gate": f"per-class violation rate within production's branch + {SLA_SLACK * 100:.1f} pp",
+            "cost_basis": self.basis,
+        }
+
+
+def g_star(references: dict[str, dict[str, Any]], basis: str) -> tuple[str, float]:
+    """The strongest reference of a job and its gp/$ over the whole window on the cost basis (summaries)."""
+    key = "gp_per_dollar_owned" if basis == "owned" else "gp_per_dollar"
+    name = max(references, key=lambda n: references[n][key])
+    return name, float(references[name][key])
+
+
+def _plan_at(run: RunResult, k: int) -> Plan:
+    """The plan `run` applied at period k (its last one past its end)."""
+    if k in run.plan_by_period:
+        return run.plan_by_period[k]
+    return run.plan_by_period[max(run.plan_by_period)]
+
+
+@dataclass
+class _Context:
+    references: dict[str, RunResult]
+    gstar: float
+    period_s: float
+    settings: BranchSettings
+
+    def continuation(self, k: int) -> Callable[[int], Plan]:
+        prod = self.references[CONTINUATION]
+        return lambda j: _plan_at(prod, k + j)
+
+    def plans(self, run: RunResult, k: int) -> list[tuple[str, Plan]]:
+        refs = {name: _plan_at(r, k) for name, r in self.references.items()}
+        previous = run.plan_by_period.get(k - 1)
+        return candidate_plans(refs[CONTINUATION], refs, previous, live_replicas(run), self.settings.K)
+
+
+def run_hindsight(
+    workload: Workload,
+    fleet: FleetSpec,
+    references: dict[str, RunResult],
+    gstar: float,
+    *,
+    period_s: float = 300.0,
+    physics: Physics | None = None,
+    all_sites: bool = False,
+    initial_replicas: dict[tuple[str, str, str], int] | None = None,
+    settings: BranchSettings | None = None,
+    on_period: Callable[[int], None] | None = None,
+    **replay: Any,
+) -> tuple[RunResult, list[dict[str, Any]]]:
+    """The hindsight arm over the workload's window (module docstring); returns the run and its per-period
+    choices. Period 0 is production's start plan (the fleet running at window start); after the last arrival's
+    period (the drain) it runs on under production's plan. replay: further run_replay arguments (window_s,
+    grace_s), as the references were run."""
+    if CONTINUATION not in references:
+        raise ValueError("the hindsight arm needs the production reference's run (its continuation)")
+    settings = settings or BranchSettings()
+    ctx = _Context(references, gstar, period_s, settings)
+    choices: list[dict[str, Any]] = []
+
+    def intercept(k: int, run: RunResult, plan: Plan) -> Plan:
+        if k >= arrival_periods(run.runtime.req.arrival, period_s):  # the drain: nothing arrives any more
+            return _plan_at(references[CONTINUATION], k)
+        t = time.perf_counter()
+        plans = ctx.plans(run, k)
+        cmp = compare(run, plans, ctx.continuation(k), k * period_s, period_s, settings.H, gstar,
+                      always=(f"ref:{CONTINUATION}",), top=settings.top, cost=settings.cost,
+                      basis=settings.basis)  # fmt: skip
+        label, best = cmp.best(gate=f"ref:{CONTINUATION}")
+        choices.append({
+            "period": k, "chosen": label, "value": best.value, "gp_per_dollar": best.gp_per_dollar,
+            "production_value": cmp.full[f"ref:{CONTINUATION}"].value, "candidates": len(plans),
+            "full": sorted(cmp.full), "wall_s": time.perf_counter() - t,
+        })  # fmt: skip
+        return dict(plans)[label]
+
+    run = run_replay(workload, ProductionPolicy(), fleet, period_s=period_s, physics=physics, on_period=on_period,
+                     all_sites=all_sites, initial_replicas=initial_replicas, intercept=intercept, **replay)  # fmt: skip
+    run.policy = HINDSIGHT
+    return run, choices
+
+
+@dataclass
+class RegretAudit:
+    """Realized regret of a run's decisions at the sampled periods: pass `intercept` to run_replay, then
+    `attach` the results to the run's decision records (their `realized` field)."""
+
+    references: dict[str, RunResult]
+    gstar: float
+    period_s: float
+    periods: int
+    seed: int
+    settings: BranchSettings = field(default_factory=BranchSettings)
+    realized: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if CONTINUATION not in self.references:
+            raise ValueError("realized regret needs the production reference's run (its continuation)")
+        self.sample = set(sample_periods(self.periods, self.seed))
+        self._ctx = _Context(self.references, self.gstar, self.period_s, self.settings)
+
+    def intercept(self, k: int, run: RunResult, plan: Plan) -> Plan:
+        if k not in self.sample:
+            return plan
+        t = time.perf_counter()
+        plans = [("chosen", plan), *self._ctx.plans(run, k)]
+        s = self.settings
+        cmp = compare(run, plans, self._ctx.continuation(k), k * self.period_s, self.period_s, s.H, self.gstar,
+                      always=("chosen",), top=s.top, cost=s.cost, basis=s.basis)  # fmt: skip
+        best_label, best = cmp.best()
+        chosen = cmp.full["chosen"]
+        self.realized[k] = {
+            "value": chosen.value,
+            "gp_per_dollar": chosen.gp_per_dollar,
+            "best_value": best.value,
+            "best_label": best_label,
+            "best_gp_per_dollar": best.gp_per_dollar,
+            "regret": regret(best.value, chosen.value),
+            "value_gap": best.value - chosen.value,  # requests; beside the ratio, which |best| near 0 inflates
+            "requests": chosen.requests,
+            "set_size": len(plans),
+            "H": s.H,
+            "g_star": self.gstar,
+            "wall_s": time.perf_counter() - t,
+        }
+        return plan
+
+    def attach(self, run: RunResult) -> None:
+        """Write each audited decision's outcome into its decision record's `realized` field."""
+        for rec in run.decisions:
+            k = rec.get("period_index")
+            if k in self.realized:
+                rec["realized"] = self.realized[k]
+
+    def stats(self) -> dict[str, Any]:
+        return regret_stats([r["regret"] for r in self.realized.values()])
+
+
+def regret_stats(values: list[float]) -> dict[str, Any]:
+    """mean, p50, p90, share > 0 and n of realized regrets (None figures when there are none)."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "share_positive": None, "n": 0, "values": []}
+    return {
+        "mean": float(v.mean()),
+        "p50": float(np.percentile(v, 50)),
+        "p90": float(np.percentile(v, 90)),
+        "share_positive": float((v > 0).mean()),
+        "n": int(v.size),
+        "values": [float(x) for x in v],
+    }
+
+
+def hindsight_check(summaries: dict[str, dict[str, Any]], basis: str) -> dict[str, Any]:
+    """hindsight >= every arm of the same run in gp/$ (on the basis); {"valid", "beaten_by"}."""
+    key = "gp_per_dollar_owned" if basis == "owned" else "gp_per_dollar"
+    h = summaries[HINDSIGHT][key]
+    beaten = sorted(n for n, s in summaries.items() if n != HINDSIGHT and s[key] > h)
+    return {"valid": not beaten, "beaten_by": beaten}
