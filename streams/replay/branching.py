@@ -210,7 +210,8 @@ def candidate_plans(
     """The hindsight arm's plans at one period: the references' plans, the previous committed plan, and a
     spread around `base` (production's plan for the period) over capacity floors and ceilings (relative to
     the live fleet), the autoscaler target, the batch cap, precision with KV dtype (fp8 on H100 only), the SM
-    clock and deferral (batch admission). Duplicates (equal but for the label) are dropped; at least k_min."""
+    clock, deferral (batch admission) and the chunked-prefill token budget (a restart). Duplicates (equal but
+    for the label) are dropped; at least k_min."""
 
     def n(p: PoolPlan) -> int:
         return live.get(p.key, 0)
@@ -241,12 +242,14 @@ def candidate_plans(
         ("clock-0.7", _pools(base, lambda p: _clock(p, 0.7))),
         ("defer-batch", replace(base, batch_admission=BatchAdmission.HOLD)),
         ("admit-batch", replace(base, batch_admission=BatchAdmission.IMMEDIATE)),
+        ("tokens-2048", _pools(base, lambda p: replace(p, max_num_batched_tokens=2048))),
     ]
     pad: list[tuple[str, Plan]] = [
         ("target-0.7", replace(base, autoscale_target=0.7)),
         ("scale-out-100", _pools(base, lambda p: replace(p, replica_floor=cap(p, 2 * n(p))))),
         ("fp8-batch-512", _pools(base, lambda p: replace(_fp8(p, "auto"), max_batch=512))),
         ("clock-0.85-batch-512", _pools(base, lambda p: replace(_clock(p, 0.85), max_batch=512))),
+        ("tokens-4096", _pools(base, lambda p: replace(p, max_num_batched_tokens=4096))),
     ]
     named = [(f"ref:{k}", v) for k, v in references.items()]
     if previous is not None:
