@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import logging.handlers
 import multiprocessing
 import statistics
+import sys
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +30,7 @@ import duckdb
 import numpy as np
 import polars as pl
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from optimizer.baselines.tuned import StaticConfig
 from optimizer.registry import create
@@ -49,7 +53,8 @@ from streams.replay.hindsight import (
 )
 from streams.replay.metrics import PROVENANCE, per_period, request_outcomes, summarize
 from streams.replay.ruler import ruler_record
-from streams.replay.tuning import lead_in_fleet, tune_static
+from streams.replay.tuning import Tuning, lead_in_fleet, tune_static
+from streams.replay.warmup import COMPILE_ESTIMATE_S, compile_simulator, compiled
 from streams.workload.builder import Workload, build_workload
 from streams.workload.residency import assign_residency
 from worldmodel.groundtruth.runtime import Physics
@@ -89,14 +94,20 @@ def run(args: argparse.Namespace) -> int:
     audit = _audit_store(out / "audit")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     windows: dict[str, dict[str, Any]] = {}
-    bar = tqdm(total=len(jobs) * len(arms), desc="replay", unit="run", disable=args.no_progress)
-    for job, outcomes in _execute(jobs, args):
-        for o in outcomes:
-            windows[job.key] = o.window
-            runs.setdefault(job.key, {p: [] for p in arms})[o.policy].append(o.summary)
-            _store(db, o.frames)
-            _audit(audit, o.decisions, job.seed)
-            bar.update(1)
+    if not compiled():  # a fresh clone or changed simulator sources: compile once, here, before any worker
+        print(f"compiling the simulator, once, ~{COMPILE_ESTIMATE_S} s (later runs load it from the cache) ...",
+              file=sys.stderr, flush=True)  # fmt: skip
+        took = compile_simulator(jobs[0].market, jobs[0].year)
+        print(f"compiled the simulator in {took:.0f} s", file=sys.stderr, flush=True)
+    # one bar for the whole replay (worker processes print nothing): finished steps, and what runs now
+    bar = tqdm(total=len(jobs), desc="replay", unit="step", disable=args.no_progress)
+    with logging_redirect_tqdm():  # warnings (ours and the workers') print above the bar
+        for job, outcomes in _execute(jobs, args, None if args.no_progress else bar):
+            for o in outcomes:
+                windows[job.key] = o.window
+                runs.setdefault(job.key, {p: [] for p in arms})[o.policy].append(o.summary)
+                _store(db, o.frames)
+                _audit(audit, o.decisions, job.seed)
     bar.close()
     db.close()
     for key, per_policy in runs.items():
@@ -141,48 +152,214 @@ class Outcome:
     window: dict[str, Any]
 
 
-def _execute(jobs: list[Job], args: argparse.Namespace) -> Iterator[tuple[Job, list[Outcome]]]:
-    """Run the jobs, in worker processes when --jobs > 1 (each job is independent), in job order."""
-    n = min(max(1, args.jobs), len(jobs))
+def _execute(jobs: list[Job], args: argparse.Namespace, bar: Any = None) -> Iterator[tuple[Job, list[Outcome]]]:
+    """Run the jobs, in job order; with --jobs > 1 as a graph of smaller tasks in worker processes.
+
+    A job is split into its lead-in (the fleet at window start), production-tuned's tuning on the week
+    before, and one replay per policy (after the lead-in, and the tuning for production-tuned), so that two
+    workers share three markets evenly. Every task is a deterministic function of its inputs: the figures
+    are the same in any order, with any number of workers. With branching (--hindsight, --realized-regret)
+    whole jobs run per worker: a job's branches need its reference runs in memory. `bar` counts finished
+    tasks."""
+    tasks = {(i, kind, p) for i, job in enumerate(jobs) for kind, p in _task_kinds(job)}
+    n = min(max(1, args.jobs), len(tasks))
+    if bar is not None:
+        bar.reset(total=len(tasks))
     if n == 1:
         for job in jobs:
-            yield job, run_job(job, args)
+            yield job, run_job(job, args, bar)
         return
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        futures = [pool.submit(run_job, job, args) for job in jobs]
-        for job, fut in zip(jobs, futures, strict=True):
-            yield job, fut.result()
+    if _branching(args):  # branches need a job's reference runs in the process that runs its other arms
+        with ProcessPoolExecutor(max_workers=min(n, len(jobs)), mp_context=ctx) as pool:
+            futures = [pool.submit(run_job, job, args) for job in jobs]
+            for job, fut in zip(jobs, futures, strict=True):
+                res = fut.result()
+                if bar is not None:
+                    bar.update(len(_task_kinds(job)))
+                yield job, res
+        return
+    logs = ctx.Queue()  # workers' log records, printed here once each (a bar line is never broken by them)
+    listener = logging.handlers.QueueListener(logs, _ParentLog())
+    listener.start()
+    try:
+        yield from _run_graph(jobs, args, bar, tasks, n, ctx, logs)
+    finally:
+        listener.stop()
 
 
-def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
-    """Build the job's workload and replay it under each policy."""
-    physics = _physics(args)
+class _ParentLog(logging.Handler):
+    """Hands a worker's record to this process's loggers, each distinct message once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage() not in self.seen:
+            self.seen.add(record.getMessage())
+            logging.getLogger(record.name).handle(record)
+
+
+def _worker_init(logs: Any) -> None:
+    root = logging.getLogger()
+    root.handlers = [logging.handlers.QueueHandler(logs)]
+    root.setLevel(logging.WARNING)
+
+
+def _run_graph(
+    jobs: list[Job],
+    args: argparse.Namespace,
+    bar: Any,
+    tasks: set[tuple[int, str, str]],
+    n: int,
+    ctx: Any,
+    logs: Any,
+) -> Iterator[tuple[Job, list[Outcome]]]:
+    done: dict[tuple[int, str, str], Any] = {}
+    outcomes: dict[int, dict[str, Outcome]] = {i: {} for i in range(len(jobs))}
+    running: dict[Any, tuple[int, str, str]] = {}
+    emitted = 0
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_worker_init, initargs=(logs,)) as pool:
+        while tasks or running:
+            for t in sorted(tasks, key=_priority):
+                if len(running) >= n:
+                    break
+                i, kind, p = t
+                job = jobs[i]
+                if kind == "lead":
+                    fut = pool.submit(_lead_task, job, args)
+                elif kind == "tune":
+                    fut = pool.submit(_tune_task, job, args)
+                else:
+                    deps = [(i, "lead", "")] + ([(i, "tune", "")] if p == "production-tuned" else [])
+                    if any(d not in done for d in deps):
+                        continue
+                    tuning = done.get((i, "tune", ""))
+                    fut = pool.submit(_replay_task, job, p, args, done[(i, "lead", "")], tuning)
+                tasks.discard(t)
+                running[fut] = t
+            if bar is not None:
+                bar.set_postfix_str(", ".join(_label(jobs[i], k, p) for i, k, p in sorted(running.values())))
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in finished:
+                i, kind, p = running.pop(fut)
+                if kind == "replay":
+                    outcomes[i][p] = fut.result()
+                else:
+                    done[(i, kind, "")] = fut.result()
+                if bar is not None:
+                    bar.update(1)
+            while emitted < len(jobs) and len(outcomes[emitted]) == len(jobs[emitted].policies):
+                job = jobs[emitted]
+                tuning = done.get((emitted, "tune", ""))
+                res = [outcomes[emitted][p] for p in job.policies]
+                if tuning is not None:  # the tuning rides with every outcome's window, as run_job puts it
+                    for o in res:
+                        o.window["production_tuned"] = _tuning_record(tuning)
+                yield job, res
+                outcomes[emitted] = {}
+                emitted += 1
+
+
+def _branching(args: argparse.Namespace) -> bool:
+    """Whether the replay branches on the ground truth (--hindsight, --realized-regret)."""
+    return bool(getattr(args, "hindsight", False) or getattr(args, "realized_regret", ""))
+
+
+def _task_kinds(job: Job) -> list[tuple[str, str]]:
+    tune = [("tune", "")] if "production-tuned" in job.policies else []
+    return [("lead", ""), *tune, *(("replay", p) for p in job.policies)]
+
+
+def _priority(t: tuple[int, str, str]) -> tuple[int, int]:
+    """Lead-ins first (they unlock the replays), then tunings, then replays, each in job order."""
+    i, kind, _ = t
+    return ({"lead": 0, "tune": 1, "replay": 2}[kind], i)
+
+
+def _label(job: Job, kind: str, policy: str) -> str:
+    return f"{job.key} seed {job.seed} {policy or kind}"
+
+
+def _lead_task(job: Job, args: argparse.Namespace) -> dict[tuple[str, str, str], int]:
+    wl = _workload(job, args)
+    return lead_in_fleet(job.market, wl.window.start, default_fleet(tuple(_csv(args.markets))), seed=job.seed,
+                         physics=_physics(args), all_sites=job.all_sites)  # fmt: skip
+
+
+def _tune_task(job: Job, args: argparse.Namespace) -> Tuning:
+    wl = _workload(job, args)
+    return tune_static(job.market, wl.window.start, default_fleet(tuple(_csv(args.markets))), seed=job.seed,
+                       physics=_physics(args), period_minutes=args.period_minutes)  # fmt: skip
+
+
+def _replay_task(
+    job: Job,
+    policy: str,
+    args: argparse.Namespace,
+    initial: dict[tuple[str, str, str], int],
+    tuning: Tuning | None,
+) -> Outcome:
+    wl = _workload(job, args)
     fleet = default_fleet(tuple(_csv(args.markets)))
-    wl = build_workload(
-        job.market,
-        job.year,
-        rule=args.window_rule,
-        start=datetime.fromisoformat(args.start) if args.start else None,
-        periods=args.periods,
-        period_minutes=args.period_minutes,
-        seed=job.seed,
-        source=args.source,
-    )
-    if job.all_sites:
-        regions = tuple(site.region for site in fleet.sites)
-        wl = replace(wl, requests=assign_residency(wl.requests, regions, job.market, seed=job.seed))
+    return _outcome(job, policy, wl, fleet, args, _physics(args), initial, tuning, _window(job, wl, None), None)
+
+
+_WORKLOADS: dict[tuple[Any, ...], Workload] = {}
+
+
+def _workload(job: Job, args: argparse.Namespace) -> Workload:
+    """The job's workload (with residency in the three-site mode); a worker keeps its last three."""
+    key = (job, args.window_rule, args.start, args.periods, args.period_minutes, args.source)
+    if key not in _WORKLOADS:
+        wl = build_workload(
+            job.market,
+            job.year,
+            rule=args.window_rule,
+            start=datetime.fromisoformat(args.start) if args.start else None,
+            periods=args.periods,
+            period_minutes=args.period_minutes,
+            seed=job.seed,
+            source=args.source,
+        )
+        if job.all_sites:
+            fleet = default_fleet(tuple(_csv(args.markets)))
+            regions = tuple(site.region for site in fleet.sites)
+            wl = replace(wl, requests=assign_residency(wl.requests, regions, job.market, seed=job.seed))
+        while len(_WORKLOADS) >= 3:
+            _WORKLOADS.pop(next(iter(_WORKLOADS)))
+        _WORKLOADS[key] = wl
+    return _WORKLOADS[key]
+
+
+def _window(job: Job, wl: Workload, tuning: Tuning | None) -> dict[str, Any]:
     w = wl.window
     window = {"start": w.start.isoformat(), "end": w.end.isoformat(), "mean_price_usd_mwh": w.mean_price_usd_mwh,
               "rule": w.rule, "year": job.year}  # fmt: skip
+    if tuning is not None:
+        window["production_tuned"] = _tuning_record(tuning)
+    return window
+
+
+def _tuning_record(tuning: Tuning) -> dict[str, Any]:
+    return {"config": tuning.config.as_dict(), "tuned_on": tuning.window_start.isoformat(), "candidates": tuning.table}
+
+
+def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome]:
+    """Build the job's workload and replay it under each policy (in this process)."""
+    physics = _physics(args)
+    fleet = default_fleet(tuple(_csv(args.markets)))
+    wl = _workload(job, args)
     tuning = None
     if "production-tuned" in job.policies:
         tuning = tune_static(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
                              period_minutes=args.period_minutes)  # fmt: skip
-        window["production_tuned"] = {"config": tuning.config.as_dict(), "tuned_on": tuning.window_start.isoformat(),
-                                      "candidates": tuning.table}  # fmt: skip
+        _tick(bar)
+    window = _window(job, wl, tuning)
     initial = lead_in_fleet(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
                             all_sites=job.all_sites)  # fmt: skip
+    _tick(bar)
     outcomes = []
     audited = set(_csv(getattr(args, "realized_regret", "") or ""))
     hindsight = bool(getattr(args, "hindsight", False))
@@ -206,7 +383,7 @@ def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
         if name in REFERENCES:
             refs[name] = res
             summaries[name] = summary
-            if all(r in refs for r in REFERENCES if r in job.policies):  # the last reference has run
+            if (audited or hindsight) and all(r in refs for r in REFERENCES if r in job.policies):  # the last one
                 strongest, gstar = g_star(summaries, args.cost_basis)
                 window["g_star"] = {"reference": strongest, "gp_per_dollar": gstar, "cost_basis": args.cost_basis}
         summaries[name] = summary
@@ -216,6 +393,7 @@ def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
             audit.attach(res)
             summary["realized_regret"] = audit.stats()
         outcomes.append(Outcome(name, summary, _frames(res, job.key), res.decisions, window))
+        _tick(bar)
     for name in [n for n in order if n in audited and n in REFERENCES]:  # a reference audited: run it again
         audit = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), job.seed, settings)
         res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config,
@@ -235,7 +413,7 @@ def run_job(job: Job, args: argparse.Namespace) -> list[Outcome]:
 
 
 #: the references: they run first in a job (g*, the comparison set and the continuation come from them)
-REFERENCES = ("production", "production-tuned", "naive")
+REFERENCES = REFERENCE_POLICIES
 
 
 def _window_periods(wl: Workload, period_s: float) -> int:
@@ -255,6 +433,35 @@ def _check_branching(args: argparse.Namespace, policies: list[str]) -> None:
         raise SystemExit(f"--realized-regret names policies not replayed: {unknown}")
     if getattr(args, "hindsight", False) and args.hindsight_k < 16:
         raise SystemExit("--hindsight-k must be at least 16")
+
+
+def _tick(bar: Any) -> None:
+    if bar is not None:
+        bar.update(1)
+
+
+def _outcome(
+    job: Job,
+    name: str,
+    wl: Workload,
+    fleet: Any,
+    args: argparse.Namespace,
+    physics: Physics,
+    initial: dict[tuple[str, str, str], int],
+    tuning: Tuning | None,
+    window: dict[str, Any],
+    bar: Any,
+) -> Outcome:
+    """Replay one policy on the job's workload; its results.json figures, DuckDB frames and decisions."""
+    if bar is not None:
+        bar.set_postfix_str(_label(job, "replay", name))
+    res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config, initial)
+    summary = summarize(res)
+    summary["seed"] = job.seed
+    summary.update(_decision_stats(res))
+    if args.emit_observations and res.observations is not None:
+        emit_observations(Path(args.out) / "observations" / job.key / name / f"seed{job.seed}", res)
+    return Outcome(name, summary, _frames(res, job.key), res.decisions, window)
 
 
 def _physics(args: argparse.Namespace) -> Physics:
@@ -284,22 +491,17 @@ def _one(
         policy = create(name, config=tuned)
     else:
         policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0, window_periods=args.periods)
-    bar = tqdm(desc=f"{key} {name} seed {seed}", unit="period", disable=args.no_progress, leave=False)
-    try:
-        return run_replay(
-            wl,
-            policy,
-            fleet,
-            period_s=args.period_minutes * 60.0,
-            physics=physics,
-            keep_observations=args.emit_observations,
-            on_period=lambda _k: bar.update(1),
-            all_sites=all_sites,
-            initial_replicas=initial,
-            intercept=intercept,
-        )
-    finally:
-        bar.close()
+    return run_replay(
+        wl,
+        policy,
+        fleet,
+        period_s=args.period_minutes * 60.0,
+        physics=physics,
+        keep_observations=args.emit_observations,
+        all_sites=all_sites,
+        initial_replicas=initial,
+        intercept=intercept,
+    )
 
 
 def _audit_store(directory: Path) -> Any:

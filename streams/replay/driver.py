@@ -17,7 +17,7 @@ import polars as pl
 
 from schemas.fleet import FleetSpec
 from schemas.plan import Plan
-from schemas.policy import Observations, Policy, PolicyContext
+from schemas.policy import Policy, PolicyContext
 from schemas.protocol import CLASSES
 from streams.datasets.prices import load_prices
 from streams.workload.builder import Workload
@@ -144,15 +144,8 @@ def run_replay(
         if (t_end >= window_s and done_all) or t_end >= limit:
             break
         as_of = start + timedelta(seconds=t_end)
-        obs = Observations(
-            as_of=as_of,
-            period_index=k,
-            arrivals=stream.arrivals(t_end),
-            completions=stream.completions(),
-            telemetry=stream.telemetry(),
-            fleet_events=stream.fleet_events(),
-            prices=stream.prices_published(prev_as_of if k > 1 else None, as_of),
-        )
+        # frames built when the policy reads them (the reference policies read the prices at most)
+        obs = stream.observe(as_of, k, t_end, prev_as_of if k > 1 else None)
         if keep_observations:
             for name in kept:
                 kept[name].append(getattr(obs, name))

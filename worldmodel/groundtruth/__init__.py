@@ -19,10 +19,10 @@ SOURCES_DIRS = (Path(__file__).parent, Path(__file__).parent.parent / "physics")
 STAMP = "numba-sources.sha256"
 
 
-def sources_digest() -> str:
+def sources_digest(dirs: tuple[Path, ...] = SOURCES_DIRS) -> str:
     """sha256 (16 hex chars) over the simulator's and the physics' Python sources, in path order."""
     h = hashlib.sha256()
-    for path in sorted(p for d in SOURCES_DIRS for p in d.glob("*.py")):
+    for path in sorted(p for d in dirs for p in d.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 

@@ -5,18 +5,62 @@ The simulator's internals stay here; a policy receives only these frames.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 from schemas.fleet import GPUS_PER_NODE, PRECISION_INDEX
+from schemas.policy import Observations
 from schemas.protocol import CLASSES
 
 _UTC = pl.Datetime("us", "UTC")
 _EVENT_KINDS = ("replica_started", "replica_ready", "replica_stopped", "replica_reconfigured")
 _PRECISIONS = {v: str(k) for k, v in PRECISION_INDEX.items()}
 _CLASSES = np.array(CLASSES)
+_GPU_NAMES = np.array(["H100", "A100"])
+_FRAMES = ("arrivals", "completions", "telemetry", "fleet_events", "prices")
+
+
+def _once(build: Callable[[], pl.DataFrame]) -> Callable[[], pl.DataFrame]:
+    """`build`, called at most once (later calls return the first result)."""
+    memo: list[pl.DataFrame] = []
+
+    def get() -> pl.DataFrame:
+        if not memo:
+            memo.append(build())
+        return memo[0]
+
+    return get
+
+
+class LazyObservations(Observations):
+    """`Observations` whose frames are built when first read, identical to eager ones.
+
+    The stream takes every number at the period close (so later simulation cannot change a frame); only the
+    polars frames (timestamps, ids, strings) wait until a policy reads them. A reference policy that reads
+    no frame, or only the prices, pays for nothing else. Each field is a frame or a zero-argument builder.
+    Pickling, `dataclasses.replace` and equality see plain frames.
+    """
+
+    def __init__(self, as_of: datetime, period_index: int, **frames: Any) -> None:  # noqa: ANN401
+        object.__setattr__(self, "as_of", as_of)
+        object.__setattr__(self, "period_index", period_index)
+        object.__setattr__(self, "_lazy", {k: frames[k] for k in _FRAMES})
+
+    def __getattr__(self, name: str) -> pl.DataFrame:  # only reached for the frames (not set as attributes)
+        lazy = self.__dict__.get("_lazy")
+        if lazy is None or name not in lazy:
+            raise AttributeError(name)
+        v = lazy[name]
+        frame = v() if callable(v) else v
+        object.__setattr__(self, name, frame)  # later reads find the attribute itself
+        return frame
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Observations, (self.as_of, self.period_index, *(getattr(self, k) for k in _FRAMES)))
 
 
 def _ts(start: datetime, seconds: np.ndarray) -> pl.Series:
@@ -34,6 +78,8 @@ class ObservationStream:
         self.site = site_name
         self.rep_site = np.array([k[0] for k in runtime.pool_keys])[runtime.rep.pool]
         self.gpu_site = np.array([site.name for site in runtime.sites])[runtime.hw.g_site]
+        self.pool_gpu = np.array([g for _, _, g in runtime.pool_keys])
+        self.pool_model = np.array([m for _, m, _ in runtime.pool_keys])
         self.prices = prices.sort("published_at")
         req = runtime.requests
         self._arrival_s = req["arrival_s"].to_numpy()
@@ -76,9 +122,13 @@ class ObservationStream:
         return out
 
     def completions(self) -> pl.DataFrame:
+        return self.completions_lazy()()
+
+    def completions_lazy(self) -> Callable[[], pl.DataFrame]:
+        """The completions since the last call: the numbers gathered now, the frame built when called."""
         rt = self.rt
         n = int(rt.logs.n_completed[0])
-        idx = rt.logs.completed[self._comp_cursor : n]
+        idx = rt.logs.completed[self._comp_cursor : n].copy()
         self._comp_cursor = n
         req = rt.req
         first, done, arr = req.first[idx], req.done[idx], req.arrival[idx]
@@ -87,37 +137,45 @@ class ObservationStream:
         ttft = first - arr
         rep = req.rep[idx]
         pool = rt.rep.pool[np.maximum(rep, 0)]
-        gpu = np.array([g for _, _, g in rt.pool_keys])[pool]
+        gpu = self.pool_gpu[pool]
         cls = req.cls[idx]
         sla = met(cls, ttft, tpot, done, req.deadline[idx], rt.slo_ttft_s[idx], rt.slo_tpot_s[idx])
-        return pl.DataFrame(
-            {
-                "schema_version": ["1"] * len(idx),
-                "request_id": rt.requests["request_id"].gather(idx)
-                if len(idx)
-                else pl.Series([], dtype=pl.Utf8),
-                "event_at": _ts(self.start, done),
-                "arrived_at": _ts(self.start, done),
-                "request_class": _CLASSES[cls],
-                "model": rt.requests["model"].gather(idx) if len(idx) else [],
-                "site": self.rep_site[np.maximum(rep, 0)],
-                "replica_id": [f"{self.rep_site[r]}-r{r}" for r in rep],
-                "gpu_type": gpu,
-                "input_tokens": req.inp[idx],
-                "output_tokens": out_tok,
-                "cached_input_tokens": req.cached[idx],
-                "queued_at": _ts(self.start, arr),
-                "first_token_at": _ts(self.start, first),
-                "ttft_s": ttft,
-                "tpot_s": tpot,
-                "e2e_s": done - arr,
-                "sla_met": sla,
-                "finish_reason": ["stop"] * len(idx),
-            }
-        )
+        inp, cached = req.inp[idx], req.cached[idx]
+        requests, start, rep_site = rt.requests, self.start, self.rep_site
+
+        def build() -> pl.DataFrame:
+            return pl.DataFrame(
+                {
+                    "schema_version": ["1"] * len(idx),
+                    "request_id": requests["request_id"].gather(idx) if len(idx) else pl.Series([], dtype=pl.Utf8),
+                    "event_at": _ts(start, done),
+                    "arrived_at": _ts(start, done),
+                    "request_class": _CLASSES[cls],
+                    "model": requests["model"].gather(idx) if len(idx) else [],
+                    "site": rep_site[np.maximum(rep, 0)],
+                    "replica_id": [f"{rep_site[r]}-r{r}" for r in rep],
+                    "gpu_type": gpu,
+                    "input_tokens": inp,
+                    "output_tokens": out_tok,
+                    "cached_input_tokens": cached,
+                    "queued_at": _ts(start, arr),
+                    "first_token_at": _ts(start, first),
+                    "ttft_s": ttft,
+                    "tpot_s": tpot,
+                    "e2e_s": done - arr,
+                    "sla_met": sla,
+                    "finish_reason": ["stop"] * len(idx),
+                }
+            )
+
+        return _once(build)
 
     def telemetry(self) -> pl.DataFrame:
         """Per-GPU DCGM-style rows for every live replica's GPUs since the last call."""
+        return self.telemetry_lazy()()
+
+    def telemetry_lazy(self) -> Callable[[], pl.DataFrame]:
+        """`telemetry`, its numbers and energy counters taken now, the frame built when called."""
         rt, logs = self.rt, self.rt.logs
         n = int(logs.n_tel[0])
         lo = self._tel_cursor
@@ -125,40 +183,55 @@ class ObservationStream:
         rep = logs.tel_rep[lo:n]
         tp = rt.pools.tp[rt.rep.pool[rep]]
         rows = np.repeat(np.arange(lo, n), tp)
-        offs = np.concatenate([np.arange(k) for k in tp]) if len(tp) else np.zeros(0, np.int64)
+        # 0..tp-1 within each sampled replica
+        offs = np.arange(rows.size, dtype=np.int64) - np.repeat(np.cumsum(tp) - tp, tp)
         g = logs.tel_gpu0[rows] + offs  # the GPUs the replica held when sampled
         power = logs.tel_power_w[rows]
         e = power * 10.0 * 1000.0  # mJ over the 10 s sample
         cum = self._energy_counter(g, e)
         node = rt.hw.g_node[g]
-        gtype = np.array(["H100", "A100"])[rt.hw.g_type[g]]
-        model = np.array([m for _, m, _ in rt.pool_keys])[rt.rep.pool[logs.tel_rep[rows]]]
+        gtype = _GPU_NAMES[rt.hw.g_type[g]]
+        tel_rep = logs.tel_rep[rows]
+        model = self.pool_model[rt.rep.pool[tel_rep]]
+        cols = {
+            "t": logs.tel_t[rows],
+            "clock": logs.tel_clock[rows],
+            "util": logs.tel_util[rows],
+            "kv": logs.tel_kv[rows],
+            "temp": logs.tel_temp[rows],
+            "running": logs.tel_running[rows],
+            "waiting": logs.tel_waiting[rows],
+        }
+        start, gpu_site, rep_site = self.start, self.gpu_site, self.rep_site
         kvcap = 80 * 1024  # MiB per GPU
-        return pl.DataFrame(
-            {
-                "schema_version": ["1"] * len(rows),
-                "event_at": _ts(self.start, logs.tel_t[rows]),
-                "arrived_at": _ts(self.start, logs.tel_t[rows]),
-                "site": self.gpu_site[g],
-                "hostname": [
-                    f"{s}-{t.lower()}-n{nd:02d}" for s, t, nd in zip(self.gpu_site[g], gtype, node, strict=True)
-                ],
-                "gpu": g % GPUS_PER_NODE,
-                "uuid": [f"GPU-{self.gpu_site[x]}-{x:04d}" for x in g],
-                "modelName": gtype,
-                "replica_id": [f"{self.rep_site[r]}-r{r}" for r in logs.tel_rep[rows]],
-                "model_name": model,
-                "DCGM_FI_DEV_POWER_USAGE": power,
-                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": cum,
-                "DCGM_FI_DEV_SM_CLOCK": logs.tel_clock[rows],
-                "DCGM_FI_DEV_GPU_UTIL": logs.tel_util[rows] * 100.0,
-                "DCGM_FI_DEV_FB_USED": np.round(kvcap * (0.5 + 0.4 * logs.tel_kv[rows])),
-                "DCGM_FI_DEV_GPU_TEMP": logs.tel_temp[rows],
-                "num_requests_running": logs.tel_running[rows],
-                "num_requests_waiting": logs.tel_waiting[rows],
-                "kv_cache_usage_perc": logs.tel_kv[rows],
-            }
-        )
+
+        def build() -> pl.DataFrame:
+            site = gpu_site[g]
+            return pl.DataFrame(
+                {
+                    "schema_version": ["1"] * len(rows),
+                    "event_at": _ts(start, cols["t"]),
+                    "arrived_at": _ts(start, cols["t"]),
+                    "site": site,
+                    "hostname": [f"{s}-{t.lower()}-n{nd:02d}" for s, t, nd in zip(site, gtype, node, strict=True)],
+                    "gpu": g % GPUS_PER_NODE,
+                    "uuid": [f"GPU-{gpu_site[x]}-{x:04d}" for x in g],
+                    "modelName": gtype,
+                    "replica_id": [f"{rep_site[r]}-r{r}" for r in tel_rep],
+                    "model_name": model,
+                    "DCGM_FI_DEV_POWER_USAGE": power,
+                    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": cum,
+                    "DCGM_FI_DEV_SM_CLOCK": cols["clock"],
+                    "DCGM_FI_DEV_GPU_UTIL": cols["util"] * 100.0,
+                    "DCGM_FI_DEV_FB_USED": np.round(kvcap * (0.5 + 0.4 * cols["kv"])),
+                    "DCGM_FI_DEV_GPU_TEMP": cols["temp"],
+                    "num_requests_running": cols["running"],
+                    "num_requests_waiting": cols["waiting"],
+                    "kv_cache_usage_perc": cols["kv"],
+                }
+            )
+
+        return _once(build)
 
     def _energy_counter(self, g: np.ndarray, e: np.ndarray) -> np.ndarray:
         """Cumulative energy (mJ) per GPU after each of these samples (rows in time order), vectorized."""
@@ -174,32 +247,60 @@ class ObservationStream:
         return cum
 
     def fleet_events(self) -> pl.DataFrame:
+        return self.fleet_events_lazy()()
+
+    def fleet_events_lazy(self) -> Callable[[], pl.DataFrame]:
+        """`fleet_events`, the pools' settings taken now, the frame built when called."""
         rt, logs = self.rt, self.rt.logs
         n = int(logs.n_ev[0])
         lo = self._ev_cursor
         self._ev_cursor = n
-        rep = logs.ev_rep[lo:n]
+        rep = logs.ev_rep[lo:n].copy()
         pool = rt.rep.pool[rep]
-        return pl.DataFrame(
-            {
-                "schema_version": ["1"] * len(rep),
-                "event_at": _ts(self.start, logs.ev_t[lo:n]),
-                "arrived_at": _ts(self.start, logs.ev_t[lo:n]),
-                "site": self.rep_site[rep],
-                "replica_id": [f"{self.rep_site[r]}-r{r}" for r in rep],
-                "model": [rt.pool_keys[p][1] for p in pool],
-                "gpu_type": [rt.pool_keys[p][2] for p in pool],
-                "kind": [_EVENT_KINDS[k] for k in logs.ev_kind[lo:n]],
-                "tp": rt.pools.tp[pool],
-                # the weights' part of the precision code (groundtruth.state.precision_code)
-                "precision": [_PRECISIONS[int(rt.pools.prec[p]) % len(_PRECISIONS)] for p in pool],
-                "sm_clock_mhz": rt.pools.clock[pool],
-                "max_batch": rt.pools.max_batch[pool],
-                "hostnames": [
-                    [f"{rt.pool_keys[p][0]}-{rt.pool_keys[p][2].lower()}-n{int(rt.hw.g_node[max(g0, 0)]):02d}"]
-                    for p, g0 in zip(pool, logs.ev_gpu0[lo:n], strict=True)
-                ],
-            }
+        t = logs.ev_t[lo:n].copy()
+        kind = logs.ev_kind[lo:n].copy()
+        gpu0 = logs.ev_gpu0[lo:n].copy()
+        tp, prec = rt.pools.tp[pool], rt.pools.prec[pool]
+        clock, max_batch = rt.pools.clock[pool], rt.pools.max_batch[pool]
+        node = rt.hw.g_node[np.maximum(gpu0, 0)]
+        start, rep_site, keys = self.start, self.rep_site, rt.pool_keys
+
+        def build() -> pl.DataFrame:
+            return pl.DataFrame(
+                {
+                    "schema_version": ["1"] * len(rep),
+                    "event_at": _ts(start, t),
+                    "arrived_at": _ts(start, t),
+                    "site": rep_site[rep],
+                    "replica_id": [f"{rep_site[r]}-r{r}" for r in rep],
+                    "model": [keys[p][1] for p in pool],
+                    "gpu_type": [keys[p][2] for p in pool],
+                    "kind": [_EVENT_KINDS[k] for k in kind],
+                    "tp": tp,
+                    # the weights' part of the precision code (groundtruth.state.precision_code)
+                    "precision": [_PRECISIONS[int(x) % len(_PRECISIONS)] for x in prec],
+                    "sm_clock_mhz": clock,
+                    "max_batch": max_batch,
+                    "hostnames": [
+                        [f"{keys[p][0]}-{keys[p][2].lower()}-n{int(nd):02d}"] for p, nd in zip(pool, node, strict=True)
+                    ],
+                }
+            )
+
+        return _once(build)
+
+    def observe(self, as_of: datetime, period_index: int, t_end: float, prices_after: datetime | None) -> Observations:
+        """The period's observations up to t_end (s since start): numbers taken now, each frame built when a
+        policy first reads it (a policy that reads none pays nothing)."""
+        arrivals = self.arrivals(t_end)
+        return LazyObservations(
+            as_of,
+            period_index,
+            arrivals=arrivals,
+            completions=self.completions_lazy(),
+            telemetry=self.telemetry_lazy(),
+            fleet_events=self.fleet_events_lazy(),
+            prices=_once(lambda: self.prices_published(prices_after, as_of)),
         )
 
 
