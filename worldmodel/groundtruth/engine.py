@@ -2,6 +2,12 @@
 
 `run_until` advances the whole site to a time; the Python runtime calls it once per control period and
 applies the next plan in between. Events are ordered by time; stale replica events are skipped by version.
+
+Functions that allocate no arrays are compiled with `_nrt=False` (numba's reference counting off: it took
+more time than the simulation itself, NRT_incref/decref 52% of a replay's CPU under perf); the ones that
+allocate (`run_until`, `autoscale_tick`, `place_desired`, `telemetry_tick`, `start_replica`, `reload_replica`,
+`deferrable_slack`) keep it. Results are identical either way (benchmarks/compare_results.py). `_nrt` is a
+private numba option: pyproject pins numba below the next minor release.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ AS_DT = 15.0
 MIN_PREFIX_BLOCKS = 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def schedule(
     rep: Replicas,
     r: int,
@@ -72,7 +78,7 @@ def schedule(
         si[S_HEAP_N] = keyed_push(hi, ht, si[S_HEAP_N], (r << 32) | rep.version[r], end)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def batch_releasable(req: Requests, q: Queues, m: int, sf: np.ndarray, si: np.ndarray, t: float) -> bool:
     """Whether the top deferrable request of model m may be dispatched now under the admission mode."""
     if q.bn[m] == 0:
@@ -88,7 +94,7 @@ def batch_releasable(req: Requests, q: Queues, m: int, sf: np.ndarray, si: np.nd
     return due or q.itail[m] == q.ihead[m]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def pick_replica(rep: Replicas, pools: Pools, req: Requests, i: int, si: np.ndarray, max_load: float) -> int:
     """Route request i among warm replicas of its model with room (prefix-aware, least-load or round-robin)."""
     m = req.model[i]
@@ -128,7 +134,7 @@ def pick_replica(rep: Replicas, pools: Pools, req: Requests, i: int, si: np.ndar
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def place(
     rep: Replicas,
     req: Requests,
@@ -152,7 +158,7 @@ def place(
             si[S_HEAP_N] = keyed_push(hi, ht, si[S_HEAP_N], (r << 32) | rep.version[r], end)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def drain_queues(
     rep: Replicas,
     pools: Pools,
@@ -204,7 +210,7 @@ def drain_queues(
         place(rep, req, sf, si, ht, hi, r, i, t)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def enqueue(req: Requests, q: Queues, si: np.ndarray, i: int, front: bool) -> None:
     m = req.model[i]
     if req.cls[i] == 2:
@@ -220,7 +226,7 @@ def enqueue(req: Requests, q: Queues, si: np.ndarray, i: int, front: bool) -> No
             q.itail[m] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def on_step_end(
     rep: Replicas,
     pools: Pools,

@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def keyed_push(q: np.ndarray, key: np.ndarray, n: int, item: int, k: float) -> int:
     """Push item with key k onto the min-heap (q, key) of size n; return the new size."""
     i = n
@@ -23,7 +23,7 @@ def keyed_push(q: np.ndarray, key: np.ndarray, n: int, item: int, k: float) -> i
     return n + 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def keyed_pop(q: np.ndarray, key: np.ndarray, n: int) -> int:
     """Remove the top of the keyed heap; return the new size."""
     n -= 1

@@ -32,7 +32,7 @@ BLOCK_TOKENS = 512
 _DECODE_EXP = DECODE_CLOCK_EXPONENT.value
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def slowdown(rep: Replicas, r: int) -> tuple:
     """Hidden multipliers (compute-bound, memory-bound) from node variation and the site power cap.
 
@@ -43,7 +43,7 @@ def slowdown(rep: Replicas, r: int) -> tuple:
     return compute, memory
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def iteration_time(
     rep: Replicas, r: int, n_dec: int, kv_tokens: float, p_tok: float, p_attn: float
 ) -> float:
@@ -55,7 +55,7 @@ def iteration_time(
     return t_mem * memory + t_cmp * compute
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def credit_busy(rep: Replicas, r: int, t: float) -> None:
     """Credit replica r's in-flight iteration time up to t to its current telemetry tick (s)."""
     start = max(rep.step_start[r], rep.busy_mark[r])
@@ -64,7 +64,7 @@ def credit_busy(rep: Replicas, r: int, t: float) -> None:
     rep.busy_mark[r] = t
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def cache_lookup(rep: Replicas, r: int, req: Requests, i: int) -> int:
     """Leading prefix blocks of request i resident in replica r's cache."""
     off = req.pfx_off[i]
@@ -77,7 +77,7 @@ def cache_lookup(rep: Replicas, r: int, req: Requests, i: int) -> int:
     return m
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def cache_insert(rep: Replicas, r: int, req: Requests, i: int) -> None:
     off = req.pfx_off[i]
     for b in range(req.pfx_len[i]):
@@ -85,7 +85,7 @@ def cache_insert(rep: Replicas, r: int, req: Requests, i: int) -> None:
         rep.cache[r, blk % CACHE_SLOTS] = blk
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def join(rep: Replicas, r: int, req: Requests, i: int, t: float) -> None:
     """Add request i to replica r's running set (it takes part from the next iteration)."""
     k = rep.n[r]
@@ -106,7 +106,7 @@ def join(rep: Replicas, r: int, req: Requests, i: int, t: float) -> None:
     rep.kv[r] += req.inp[i] + req.gen[i]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def has_room(rep: Replicas, r: int, max_batch: int, req: Requests, i: int) -> bool:
     """Free batch slot and KV (95% watermark) for request i's prompt."""
     if rep.n[r] >= max_batch or rep.n[r] >= MAX_BATCH:
@@ -114,7 +114,7 @@ def has_room(rep: Replicas, r: int, max_batch: int, req: Requests, i: int) -> bo
     return rep.kv[r] + req.inp[i] <= 0.95 * rep.coef[r, C_KVCAP]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def remove_at(rep: Replicas, r: int, k: int) -> None:
     """Remove slot k keeping admission order (prefill chunks are handed out first come, first served)."""
     last = rep.n[r] - 1
@@ -125,7 +125,7 @@ def remove_at(rep: Replicas, r: int, k: int) -> None:
     rep.n[r] = last
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def plan_step(rep: Replicas, r: int, req: Requests, sf: np.ndarray, t: float, edf: bool) -> float:
     """Compose the next iteration of replica r at time t; return its end time (inf when idle).
 
@@ -194,7 +194,7 @@ def plan_step(rep: Replicas, r: int, req: Requests, sf: np.ndarray, t: float, ed
     return t + dt
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def truncate_jump(rep: Replicas, r: int, t: float) -> float:
     """Cut replica r's decode jump at the first step boundary after t; return the new end time."""
     k = rep.jump_k[r]
@@ -212,7 +212,7 @@ def truncate_jump(rep: Replicas, r: int, t: float) -> float:
     return rep.step_end[r]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def finish_step(
     rep: Replicas, r: int, req: Requests, t: float, completed: np.ndarray, n_completed: np.ndarray
 ) -> int:
@@ -253,7 +253,7 @@ def finish_step(
     return n_done
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def preempt_if_full(rep: Replicas, r: int, req: Requests) -> int:
     """Preempt the newest sequences while KV use exceeds capacity; return the first preempted id or -1.
 

@@ -105,7 +105,7 @@ SLACK_BIN0_S = 30.0  # deadline give exact prefix checks, the ones in between ar
 SLACK_BIN_RATIO = 1.25
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def log_event(logs: Logs, t: float, r: int, kind: int, g0: int) -> None:
     k = logs.n_ev[0]
     if k < logs.ev_t.shape[0]:
@@ -116,7 +116,7 @@ def log_event(logs: Logs, t: float, r: int, kind: int, g0: int) -> None:
         logs.n_ev[0] = k + 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def allocate_gpus(hw: Hardware, site: int, gpu_type: int, tp: int, r: int) -> int:
     """First-fit an aligned block of tp free GPUs of a type on one node of a site; return the first GPU or -1."""
     g = 0
@@ -160,7 +160,7 @@ def start_replica(rep: Replicas, pools: Pools, hw: Hardware, logs: Logs, p: int,
     return False
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def stop_replica(rep: Replicas, hw: Hardware, logs: Logs, r: int, t: float) -> None:
     g0 = rep.gpu0[r]
     if g0 >= 0:
@@ -174,7 +174,7 @@ def stop_replica(rep: Replicas, hw: Hardware, logs: Logs, r: int, t: float) -> N
     log_event(logs, t, r, EV_STOPPED, g0)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def pool_count(rep: Replicas, pools: Pools, p: int) -> int:
     c = 0
     for r in range(pools.slot_lo[p], pools.slot_hi[p]):
@@ -183,7 +183,7 @@ def pool_count(rep: Replicas, pools: Pools, p: int) -> int:
     return c
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def drain_one(rep: Replicas, pools: Pools, hw: Hardware, logs: Logs, p: int, t: float) -> None:
     """Mark the least-busy replica of pool p draining (loading ones are stopped at once)."""
     best = -1
@@ -201,7 +201,7 @@ def drain_one(rep: Replicas, pools: Pools, hw: Hardware, logs: Logs, p: int, t: 
             stop_replica(rep, hw, logs, best, t)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _share(allowed: int, site: int, every: int) -> float:
     """A waiting request's share of one site's backlog: 1 / its allowed sites, 0 if the site is not one."""
     a = allowed & every
@@ -214,7 +214,7 @@ def _share(allowed: int, site: int, every: int) -> float:
     return 1.0 / n
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def unscheduled(rep: Replicas, req: Requests, r: int, k: int) -> bool:
     """Whether the sequence in slot k of replica r has not been scheduled since it joined (vLLM V1 keeps it in
     `waiting`): its prefill has not started (prompt left = its whole uncached prompt, or prompt + generated
@@ -228,7 +228,7 @@ def unscheduled(rep: Replicas, req: Requests, r: int, k: int) -> bool:
     return req.prefill_left[i] == full
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def replica_unscheduled(rep: Replicas, req: Requests, r: int) -> int:
     """Sequences admitted to replica r and not yet scheduled (its own part of vLLM V1's num_requests_waiting)."""
     c = 0
@@ -238,7 +238,7 @@ def replica_unscheduled(rep: Replicas, req: Requests, r: int) -> int:
     return c
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def waiting_gauge(rep: Replicas, pools: Pools, req: Requests, q: Queues, si: np.ndarray, r: int) -> int:
     """num_requests_waiting reported by replica r: v1, the model's front-end queues (interactive and
     deferrable) plus r's own unscheduled sequences; legacy, the model's interactive queue length."""
@@ -248,7 +248,7 @@ def waiting_gauge(rep: Replicas, pools: Pools, req: Requests, q: Queues, si: np.
     return q.itail[m] - q.ihead[m] + q.bn[m] + replica_unscheduled(rep, req, r)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def model_waiting(rep: Replicas, pools: Pools, req: Requests, q: Queues, si: np.ndarray, m: int, site: int) -> float:
     """Requests of model m not yet scheduled at one site (every class; a queued request allowed at n sites counts
     1/n at each): the front-end queues plus admitted sequences not yet scheduled. legacy: the old count."""
@@ -268,7 +268,7 @@ def model_waiting(rep: Replicas, pools: Pools, req: Requests, q: Queues, si: np.
     return waiting
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def model_demand(rep: Replicas, pools: Pools, req: Requests, q: Queues, si: np.ndarray, m: int, site: int) -> tuple:
     """Demand of model m at one site: (replicas warm or loading, warm replicas, warm batch slots, running, kv
     used, kv capacity, waiting, prefill share).
@@ -329,7 +329,7 @@ def model_demand(rep: Replicas, pools: Pools, req: Requests, q: Queues, si: np.n
     return current, n_warm, slots, running, kv, kvcap, waiting, pfill
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def fold_completions(req: Requests, logs: Logs, sf: np.ndarray, si: np.ndarray) -> None:
     """Add the deferrable completions since the last call to each model's output running mean (S_DOUT_*).
     Reads output lengths of completed requests only."""
@@ -342,7 +342,7 @@ def fold_completions(req: Requests, logs: Logs, sf: np.ndarray, si: np.ndarray) 
     si[S_DONE_PTR] = n
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def deferrable_out_estimate(sf: np.ndarray, m: int) -> float:
     """Expected output tokens of model m's deferrable requests: running mean of completed ones with a prior."""
     return (DEFERRABLE_OUT_PRIOR * DEFERRABLE_OUT_PRIOR_N + sf[S_DOUT_SUM + m]) / (
@@ -350,7 +350,7 @@ def deferrable_out_estimate(sf: np.ndarray, m: int) -> float:
     )
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def token_rate(coef: np.ndarray, max_batch: int, pre: float, out: float, ctx: float) -> float:
     """Tokens per second one replica with step coefficients coef gives a mix of requests with pre prompt
     tokens left to prefill and out output tokens left on average, at mean decode context ctx: chunked
@@ -364,7 +364,7 @@ def token_rate(coef: np.ndarray, max_batch: int, pre: float, out: float, ctx: fl
     return (pre + out) / work_s
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _slack_bin(x: float) -> int:
     if x < SLACK_BIN0_S:
         return 0
@@ -611,7 +611,7 @@ def place_desired(
             cur -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def decode_hbm_util(rep: Replicas, pools: Pools, r: int) -> float:
     """HBM bandwidth utilization (0-1) of replica r's decode step at its current batch and KV.
 
