@@ -566,6 +566,9 @@ def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     if any("realized_regret" in s for s in per_seed):  # pooled over the seeds' audited decisions
         pooled = [v for s in per_seed for v in s.get("realized_regret", {}).get("values", [])]
         out["realized_regret"] = regret_stats(pooled)
+        gaps = [v for s in per_seed for v in s.get("realized_regret", {}).get("gap_per_request", {}).get("values", [])]
+        g = regret_stats(gaps)
+        out["realized_regret"]["gap_per_request"] = {k: g[k] for k in ("mean", "p50", "p90", "n", "values")}
     if "hindsight" in first:
         out["oracle"], out["deployable"] = True, False
         out["hindsight"] = {k: v for k, v in first["hindsight"].items() if k not in ("check", "choices")}

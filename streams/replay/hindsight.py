@@ -201,7 +201,12 @@ class RegretAudit:
                 rec["realized"] = self.realized[k]
 
     def stats(self) -> dict[str, Any]:
-        return regret_stats([r["regret"] for r in self.realized.values()])
+        """regret_stats of the regrets, and of the value gap per request of the branch's set (`gap_per_request`,
+        requests / request: the same ranking without the ratio's blow-up when |best value| is near 0)."""
+        out = regret_stats([r["regret"] for r in self.realized.values()])
+        gaps = regret_stats([r["value_gap"] / max(r["requests"], 1) for r in self.realized.values()])
+        out["gap_per_request"] = {k: gaps[k] for k in ("mean", "p50", "p90", "n", "values")}
+        return out
 
 
 def regret_stats(values: list[float]) -> dict[str, Any]:

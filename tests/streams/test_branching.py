@@ -171,6 +171,8 @@ def test_known_better_alternative_gives_regret(wl: Workload, prod: RunResult) ->
         assert r["set_size"] >= 17 and r["H"] == 1
     s = audit.stats()
     assert s["n"] == 2 and s["share_positive"] == 1.0 and s["mean"] > 0
+    gaps = [r["value_gap"] / r["requests"] for r in audit.realized.values()]
+    assert s["gap_per_request"]["mean"] == pytest.approx(float(np.mean(gaps))) and s["gap_per_request"]["p50"] > 0
 
 
 class Recorded(Bloated):
