@@ -401,7 +401,8 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
         next(o for o in outcomes if o.policy == name).summary["realized_regret"] = audit.stats()
     if hindsight:
         res, choices = run_hindsight(wl, fleet, refs, gstar, period_s=period_s, physics=physics,
-                                     all_sites=job.all_sites, initial_replicas=initial, settings=settings)  # fmt: skip
+                                     all_sites=job.all_sites, initial_replicas=initial, settings=settings,
+                                     start_from=window["g_star"]["reference"])  # fmt: skip
         summary = summarize(res)
         summary["seed"] = job.seed
         summary.update(_decision_stats(res))

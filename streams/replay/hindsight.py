@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.baselines.production import ProductionPolicy
 from schemas.cost import CostConfig
 from schemas.fleet import FleetSpec
 from schemas.plan import Plan
+from schemas.policy import History, Observations, Policy, PolicyContext
 from streams.replay.branching import (
     DEFAULT_H,
     DEFAULT_K,
@@ -102,6 +102,21 @@ class _Context:
         return candidate_plans(refs[CONTINUATION], refs, previous, live_replicas(run), self.settings.K)
 
 
+class _Replayed(Policy):
+    """A reference run's plans again, period by period (the hindsight arm's start and drain)."""
+
+    name = HINDSIGHT
+
+    def __init__(self, run: RunResult) -> None:
+        self.run = run
+
+    def start(self, ctx: PolicyContext, history: History) -> Plan:
+        return _plan_at(self.run, 0)
+
+    def plan(self, obs: Observations) -> Plan:
+        return _plan_at(self.run, obs.period_index)
+
+
 def run_hindsight(
     workload: Workload,
     fleet: FleetSpec,
@@ -114,21 +129,23 @@ def run_hindsight(
     initial_replicas: dict[tuple[str, str, str], int] | None = None,
     settings: BranchSettings | None = None,
     on_period: Callable[[int], None] | None = None,
+    start_from: str = CONTINUATION,
     **replay: Any,
 ) -> tuple[RunResult, list[dict[str, Any]]]:
     """The hindsight arm over the workload's window (module docstring); returns the run and its per-period
-    choices. Period 0 is production's start plan (the fleet running at window start); after the last arrival's
-    period (the drain) it runs on under production's plan. replay: further run_replay arguments (window_s,
-    grace_s), as the references were run."""
+    choices. Period 0 is the start plan of reference `start_from` (the strongest reference: the fleet and engine
+    configuration it starts the window with); after the last arrival's period (the drain) it runs on under that
+    reference's plans. replay: further run_replay arguments (window_s, grace_s), as the references were run."""
     if CONTINUATION not in references:
         raise ValueError("the hindsight arm needs the production reference's run (its continuation)")
+    lead = references[start_from]
     settings = settings or BranchSettings()
     ctx = _Context(references, gstar, period_s, settings)
     choices: list[dict[str, Any]] = []
 
     def intercept(k: int, run: RunResult, plan: Plan) -> Plan:
         if k >= arrival_periods(run.runtime.req.arrival, period_s):  # the drain: nothing arrives any more
-            return _plan_at(references[CONTINUATION], k)
+            return _plan_at(lead, k)
         t = time.perf_counter()
         plans = ctx.plans(run, k)
         cmp = compare(run, plans, ctx.continuation(k), k * period_s, period_s, settings.H, gstar,
@@ -142,7 +159,7 @@ def run_hindsight(
         })  # fmt: skip
         return dict(plans)[label]
 
-    run = run_replay(workload, ProductionPolicy(), fleet, period_s=period_s, physics=physics, on_period=on_period,
+    run = run_replay(workload, _Replayed(lead), fleet, period_s=period_s, physics=physics, on_period=on_period,
                      all_sites=all_sites, initial_replicas=initial_replicas, intercept=intercept, **replay)  # fmt: skip
     run.policy = HINDSIGHT
     return run, choices
