@@ -87,19 +87,23 @@ def _plan_at(run: RunResult, k: int) -> Plan:
 
 @dataclass
 class _Context:
+    """The branches' shared parts: the continuation and the spread's base are reference `lead`'s plans
+    (production for the regret audit, as defined; the hindsight arm's own start reference for the arm)."""
+
     references: dict[str, RunResult]
     gstar: float
     period_s: float
     settings: BranchSettings
+    lead: str = CONTINUATION
 
     def continuation(self, k: int) -> Callable[[int], Plan]:
-        prod = self.references[CONTINUATION]
-        return lambda j: _plan_at(prod, k + j)
+        ref = self.references[self.lead]
+        return lambda j: _plan_at(ref, k + j)
 
     def plans(self, run: RunResult, k: int) -> list[tuple[str, Plan]]:
         refs = {name: _plan_at(r, k) for name, r in self.references.items()}
         previous = run.plan_by_period.get(k - 1)
-        return candidate_plans(refs[CONTINUATION], refs, previous, live_replicas(run), self.settings.K)
+        return candidate_plans(refs[self.lead], refs, previous, live_replicas(run), self.settings.K)
 
 
 class _Replayed(Policy):
@@ -134,13 +138,15 @@ def run_hindsight(
 ) -> tuple[RunResult, list[dict[str, Any]]]:
     """The hindsight arm over the workload's window (module docstring); returns the run and its per-period
     choices. Period 0 is the start plan of reference `start_from` (the strongest reference: the fleet and engine
-    configuration it starts the window with); after the last arrival's period (the drain) it runs on under that
-    reference's plans. replay: further run_replay arguments (window_s, grace_s), as the references were run."""
+    configuration it starts the window with); every period's branches spread around that reference's plan,
+    continue under its plans, and are gated against its branch (+0.1 pp per class); after the last arrival's
+    period (the drain) it runs on under its plans. replay: further run_replay arguments (window_s, grace_s), as
+    the references were run."""
     if CONTINUATION not in references:
         raise ValueError("the hindsight arm needs the production reference's run (its continuation)")
     lead = references[start_from]
     settings = settings or BranchSettings()
-    ctx = _Context(references, gstar, period_s, settings)
+    ctx = _Context(references, gstar, period_s, settings, lead=start_from)
     choices: list[dict[str, Any]] = []
 
     def intercept(k: int, run: RunResult, plan: Plan) -> Plan:
@@ -149,12 +155,12 @@ def run_hindsight(
         t = time.perf_counter()
         plans = ctx.plans(run, k)
         cmp = compare(run, plans, ctx.continuation(k), k * period_s, period_s, settings.H, gstar,
-                      always=(f"ref:{CONTINUATION}",), top=settings.top, cost=settings.cost,
+                      always=(f"ref:{start_from}",), top=settings.top, cost=settings.cost,
                       basis=settings.basis)  # fmt: skip
-        label, best = cmp.best(gate=f"ref:{CONTINUATION}")
+        label, best = cmp.best(gate=f"ref:{start_from}")
         choices.append({
             "period": k, "chosen": label, "value": best.value, "gp_per_dollar": best.gp_per_dollar,
-            "production_value": cmp.full[f"ref:{CONTINUATION}"].value, "candidates": len(plans),
+            "lead_value": cmp.full[f"ref:{start_from}"].value, "candidates": len(plans),
             "full": sorted(cmp.full), "wall_s": time.perf_counter() - t,
         })  # fmt: skip
         return dict(plans)[label]
