@@ -53,10 +53,10 @@ def _runtime(rows, plan: Plan, physics: Physics | None = None, prewarm: bool = T
 
 
 def _alone_ttft(c, inp: int) -> float:
-    """TTFT (s) of a request alone on a replica: chunked prefill, 2048 tokens per iteration."""
+    """TTFT (s) of a request alone on a replica: chunked prefill, the pool's token budget per iteration."""
     t, done = 0.0, 0
     while done < inp:
-        chunk = min(2048, inp - done)
+        chunk = min(int(c.token_budget), inp - done)
         t += c.base_s + c.per_kv_token_s * done
         t += c.per_prefill_token_s * chunk + c.per_prefill_attn_s * chunk * (done + chunk / 2)
         done += chunk
