@@ -10,30 +10,13 @@ from polars.testing import assert_frame_equal
 
 from optimizer.registry import create
 from schemas.fleet import default_fleet
-from schemas.plan import Plan
-from schemas.policy import History, Observations, Policy, PolicyContext
+from schemas.policy import Observations
 from streams.replay.driver import run_replay
 from streams.workload.builder import build_workload
+from tests.worldmodel.test_groundtruth import Recording
 from worldmodel.groundtruth.observe import LazyObservations
 
 FRAMES = ("arrivals", "completions", "telemetry", "fleet_events", "prices")
-
-
-class Keeping(Policy):
-    """production, keeping every Observations unread until the run is over."""
-
-    name = "production"
-
-    def __init__(self) -> None:
-        self.inner = create("production")
-        self.seen: list[Observations] = []
-
-    def start(self, ctx: PolicyContext, history: History) -> Plan:
-        return self.inner.start(ctx, history)
-
-    def plan(self, obs: Observations) -> Plan:
-        self.seen.append(obs)
-        return self.inner.plan(obs)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +24,7 @@ def runs():  # noqa: ANN201
     wl = build_workload("PJM", 2023, periods=3, seed=0)
     fleet = default_fleet(("PJM",))
     eager = run_replay(wl, create("production"), fleet, keep_observations=True)  # read at each period close
-    keeping = Keeping()
+    keeping = Recording(create("production"))  # every Observations kept unread until the run is over
     run_replay(wl, keeping, fleet)
     return eager, keeping.seen
 
