@@ -366,24 +366,25 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
     settings = BranchSettings(K=getattr(args, "hindsight_k", 16), H=getattr(args, "branch_h", 2),
                               basis=args.cost_basis)  # fmt: skip
     period_s = args.period_minutes * 60.0
-    # the references first: g* and the comparison set of the branches come from their runs
-    order = [n for n in job.policies if n in REFERENCES] + [n for n in job.policies if n not in REFERENCES]
+    # the references first: g*, the comparison set and the continuation come from their runs
+    order = sorted(job.policies, key=lambda n: n not in REFERENCE_POLICIES)
     refs: dict[str, RunResult] = {}
     summaries: dict[str, dict[str, Any]] = {}
     gstar = 0.0
     for name in order:
         audit = None
-        if name in audited and name not in REFERENCES:
+        if name in audited and name not in REFERENCE_POLICIES:
             audit = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), job.seed, settings)
         res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config,
                    initial, intercept=audit.intercept if audit else None)  # fmt: skip
         summary = summarize(res)
         summary["seed"] = job.seed
         summary.update(_decision_stats(res))
-        if name in REFERENCES:
+        if name in REFERENCE_POLICIES:
             refs[name] = res
             summaries[name] = summary
-            if (audited or hindsight) and all(r in refs for r in REFERENCES if r in job.policies):  # the last one
+            last = all(r in refs for r in REFERENCE_POLICIES if r in job.policies)
+            if (audited or hindsight) and last:
                 strongest, gstar = g_star(summaries, args.cost_basis)
                 window["g_star"] = {"reference": strongest, "gp_per_dollar": gstar, "cost_basis": args.cost_basis}
         summaries[name] = summary
@@ -394,7 +395,7 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
             summary["realized_regret"] = audit.stats()
         outcomes.append(Outcome(name, summary, _frames(res, job.key), res.decisions, window))
         _tick(bar)
-    for name in [n for n in order if n in audited and n in REFERENCES]:  # a reference audited: run it again
+    for name in [n for n in order if n in audited and n in REFERENCE_POLICIES]:  # a reference audited: run it again
         audit = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), job.seed, settings)
         res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config,
                    initial, intercept=audit.intercept)  # fmt: skip
@@ -413,8 +414,6 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
     return outcomes
 
 
-#: the references: they run first in a job (g*, the comparison set and the continuation come from them)
-REFERENCES = REFERENCE_POLICIES
 
 
 def _window_periods(wl: Workload, period_s: float) -> int:
