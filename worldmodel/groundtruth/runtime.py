@@ -44,6 +44,40 @@ SCALER_TRIGGERS = {"v1": st.SCALER_V1, "legacy": st.SCALER_LEGACY}
 
 
 @dataclass(frozen=True)
+class CoefficientCorrections:
+    """Multiplicative corrections on the cited coefficients of the pools they match (1.0: the cited default).
+
+    An operator calibration (streams/calibration.py) fits them to recorded completions and telemetry.
+    prefill_scale multiplies the compute-bound step terms (per_prefill_token_s, per_prefill_attn_s; s),
+    decode_scale the memory-bound ones (base_s, per_seq_s, per_kv_token_s; s), idle_power_scale the idle
+    power (idle_power_w; W) and active_power_scale the dynamic range above idle (max_power_w - idle_power_w;
+    W). model and gpu select the pools (None: every model, every GPU type).
+    """
+
+    prefill_scale: float = 1.0
+    decode_scale: float = 1.0
+    idle_power_scale: float = 1.0
+    active_power_scale: float = 1.0
+    model: str | None = None
+    gpu: str | None = None
+
+    def matches(self, model: str, gpu: str) -> bool:
+        """Whether these corrections apply to the pools of `model` on `gpu`."""
+        return self.model in (None, model) and self.gpu in (None, gpu)
+
+    def apply(self, row: np.ndarray) -> None:
+        """Correct a coefficient row (worldmodel.physics.COEFF_FIELDS order) in place."""
+        scales = (self.prefill_scale, self.decode_scale, self.idle_power_scale, self.active_power_scale)
+        if min(scales) <= 0.0:
+            raise ValueError(f"coefficient corrections must be > 0, got {scales}")
+        row[[st.C_PTOK, st.C_PATTN]] *= self.prefill_scale
+        row[[st.C_BASE, st.C_SEQ, st.C_KV]] *= self.decode_scale
+        idle = row[st.C_IDLE]
+        row[st.C_IDLE] = idle * self.idle_power_scale
+        row[st.C_MAXP] = row[st.C_IDLE] + (row[st.C_MAXP] - idle) * self.active_power_scale
+
+
+@dataclass(frozen=True)
 class Physics:
     """Sensitivity knobs on the modeled figures (DESIGN.md: rerun with them varied)."""
 
@@ -56,6 +90,9 @@ class Physics:
     load_power_frac: float = 0.3
     cold_start_s: float | None = None  # replica start to ready (s); None: the cited default of the physics
     scaler_trigger: str = "v1"  # "v1": vLLM V1 waiting semantics + deferrable slack; "legacy": the old trigger
+    #: coefficient corrections fitted to an operator's records, applied in order to the pools each matches;
+    #: empty: the cited coefficients
+    corrections: tuple[CoefficientCorrections, ...] = ()
 
 
 def coef_row(
@@ -66,7 +103,8 @@ def coef_row(
 
     With `physics.cold_start_s` set, every replica start (and precision reload) takes that many seconds instead
     of the cited default (worldmodel.physics.tables.weights_load_s). The token budget per iteration is the plan's
-    `token_budget` where set, else `physics.token_budget` where set, else the GPU type's vLLM default."""
+    `token_budget` where set, else `physics.token_budget` where set, else the GPU type's vLLM default. Each of
+    `physics.corrections` matching (model, gpu) scales the step and power terms (`CoefficientCorrections`)."""
     c = step_coefficients(
         model, gpu, tp, precision, clock_mhz, kv_dtype=kv_dtype, fp8_speedup_scale=physics.fp8_speedup_scale
     )
@@ -80,6 +118,9 @@ def coef_row(
         if budget < 1:
             raise ValueError(f"token budget must be >= 1 token, got {budget}")
         row[st.C_TOKENS] = budget
+    for corr in physics.corrections:
+        if corr.matches(model, gpu):
+            corr.apply(row)
     return row
 
 
