@@ -57,6 +57,8 @@ UNFITTED: tuple[tuple[str, str], ...] = (
     ("clock_power_exponent", "clocks do not vary in the records enough to fit it; modeled 2.2 kept"),
     ("per_node_speed", "the ground truth's per-node step-time variation is not separated from the fleet mean"),
 )
+#: order of a replica's fleet events at one instant (a prewarmed replica starts and is ready at once)
+_LIFECYCLE = {"replica_started": 0, "replica_reconfigured": 1, "replica_ready": 2, "replica_stopped": 3}
 _TP_KEY = ("model", "gpu_type", "tp", "precision", "sm_clock_mhz")
 
 
@@ -162,8 +164,8 @@ def _with_config(frame: pl.DataFrame, events: pl.DataFrame, at: str) -> pl.DataF
     (the replica's latest fleet event strictly before)."""
     ev = events.select(
         "replica_id", _seconds("event_at").alias("_ev_t"), pl.col("kind").alias("_kind"), "tp", "precision",
-        "sm_clock_mhz",
-    ).sort("_ev_t")  # fmt: skip
+        "sm_clock_mhz", pl.col("kind").replace_strict(_LIFECYCLE, default=len(_LIFECYCLE)).alias("_order"),
+    ).sort("_ev_t", "_order")  # fmt: skip
     return (
         frame.sort(at)
         .join_asof(
@@ -181,7 +183,7 @@ def _with_config(frame: pl.DataFrame, events: pl.DataFrame, at: str) -> pl.DataF
 
 def _ramps(points: np.ndarray, weights: np.ndarray, t: np.ndarray, power: int) -> np.ndarray:
     """sum_j weights_j x max(0, t - points_j) ** power (power 1 or 2) at each t, by prefix sums over sorted points."""
-    order = np.argsort(points)
+    order = np.argsort(points, kind="stable")
     pts, w = points[order], weights[order]
     k = np.searchsorted(pts, t, side="right")
     c0, c1 = np.r_[0.0, np.cumsum(w)][k], np.r_[0.0, np.cumsum(w * pts)][k]
@@ -226,7 +228,7 @@ def _step_rows(rep: pl.DataFrame, row: np.ndarray) -> tuple[np.ndarray, np.ndarr
     n_hi, k_hi = _integrals(fd, dd, inp + 1.0, rate, d[idx])
     n_lo, k_lo = _integrals(fd, dd, inp + 1.0, rate, f[idx])
     n_bar, k_bar = (n_hi - n_lo) / span[idx], (k_hi - k_lo) / span[idx]
-    order = np.argsort(f)
+    order = np.argsort(f, kind="stable")
     cs_kv, cs_cmp = np.r_[0.0, np.cumsum(pre_kv[order])], np.r_[0.0, np.cumsum(pre_cmp[order])]
     lo = np.searchsorted(f[order], f[idx], side="right")
     hi = np.searchsorted(f[order], d[idx], side="right")
@@ -262,7 +264,7 @@ def _factor(name: str, fit: _Fit | None, i: int, unit: str, source: str, why_def
 def _power_rows(tel: pl.DataFrame, physics: Physics, decode_scale: float) -> tuple[np.ndarray, np.ndarray]:
     """(idle W, dynamic W at the cited max) per warm sample whose prefill share the clock reveals, and power W."""
     x_rows, y = [], []
-    for key, grp in tel.group_by(*_TP_KEY):
+    for key, grp in tel.group_by(*_TP_KEY, maintain_order=True):
         model, gpu, tp, precision, clock = key
         row = _coef(key, physics)
         f_pl = power_limited_clock_mhz(gpu)
@@ -304,11 +306,12 @@ def calibrate(
     comp = _with_config(comp, fleet_events, "_first")
     dropped["completions without a fleet event of their replica before the first token"] = n0 - comp.height
     ev_pool = fleet_events.select("replica_id", "model", "gpu_type").unique("replica_id")
-    comp = comp.join(ev_pool, on="replica_id")
+    comp = comp.join(ev_pool, on="replica_id").sort("replica_id", "_first", "request_id")  # a fixed order: the
+    # fit's sums, and so its figures, do not depend on the order the records came in
     tel = telemetry.unique(["event_at", "replica_id"]).filter(pl.col("replica_id").is_not_null())
     tel = tel.with_columns(_seconds("event_at").alias("_t")).drop("model_name")
     n0 = tel.height
-    tel = _with_config(tel, fleet_events, "_t").join(ev_pool, on="replica_id")
+    tel = _with_config(tel, fleet_events, "_t").join(ev_pool, on="replica_id").sort("replica_id", "_t")
     dropped["replica telemetry samples without a fleet event of their replica before them"] = n0 - tel.height
     n0 = tel.height
     tel = tel.filter(pl.col("_kind") == "replica_ready")
@@ -318,7 +321,7 @@ def calibrate(
             tel.select("model", "gpu_type").iter_rows())):  # fmt: skip
         xs = []
         for key, rep in comp.filter((pl.col("model") == model) & (pl.col("gpu_type") == gpu)).group_by(
-            "replica_id", *_TP_KEY[2:]
+            "replica_id", *_TP_KEY[2:], maintain_order=True
         ):
             xd, xp, y = _step_rows(rep, _coef((model, gpu, *key[1:]), physics))
             xs.append(np.c_[xd, xp, y])
