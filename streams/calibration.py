@@ -83,12 +83,27 @@ class Factor:
 
 
 @dataclass(frozen=True)
+class NodeFit:
+    """A diagnostic: the step-time fit on one node's records alone (its replicas' first GPU on `hostname`).
+
+    decode_scale and prefill_scale are the pool's factors times the node's own speed (the spread across
+    nodes is the fleet's per-node variation; the pool's factors hold the fleet's mean); n records."""
+
+    hostname: str
+    decode_scale: float
+    prefill_scale: float
+    n: int
+
+
+@dataclass(frozen=True)
 class PoolCalibration:
-    """The corrections of one (model, GPU type): prefill_scale, decode_scale, idle_power_scale, active_power_scale."""
+    """The corrections of one (model, GPU type): prefill_scale, decode_scale, idle_power_scale, active_power_scale,
+    and the per-node step-time fits (`NodeFit`, a diagnostic not applied)."""
 
     model: str
     gpu: str
     factors: tuple[Factor, ...]
+    nodes: tuple[NodeFit, ...] = ()
 
     def factor(self, name: str) -> Factor:
         return next(f for f in self.factors if f.name == name)
@@ -116,7 +131,15 @@ class Calibration:
     def as_dict(self) -> dict[str, Any]:
         """JSON-able report: per pool the factors with tag, n, standard error and residual RMS."""
         return {
-            "pools": [{"model": p.model, "gpu": p.gpu, "factors": [f.__dict__ for f in p.factors]} for p in self.pools],
+            "pools": [
+                {
+                    "model": p.model,
+                    "gpu": p.gpu,
+                    "factors": [f.__dict__ for f in p.factors],
+                    "nodes": [n.__dict__ for n in p.nodes],
+                }
+                for p in self.pools
+            ],
             "dropped": dict(self.dropped),
             "cited_defaults": dict(self.unfitted),
         }
@@ -165,6 +188,7 @@ def _with_config(frame: pl.DataFrame, events: pl.DataFrame, at: str) -> pl.DataF
     ev = events.select(
         "replica_id", _seconds("event_at").alias("_ev_t"), pl.col("kind").alias("_kind"), "tp", "precision",
         "sm_clock_mhz", pl.col("kind").replace_strict(_LIFECYCLE, default=len(_LIFECYCLE)).alias("_order"),
+        pl.col("hostnames").list.first().alias("_node"),
     ).sort("_ev_t", "_order")  # fmt: skip
     return (
         frame.sort(at)
@@ -319,14 +343,19 @@ def calibrate(
     pools = []
     for model, gpu in sorted(set(comp.select("model", "gpu_type").iter_rows()) | set(
             tel.select("model", "gpu_type").iter_rows())):  # fmt: skip
-        xs = []
+        by_node: dict[str, list[np.ndarray]] = {}
         for key, rep in comp.filter((pl.col("model") == model) & (pl.col("gpu_type") == gpu)).group_by(
-            "replica_id", *_TP_KEY[2:], maintain_order=True
+            "replica_id", "_node", *_TP_KEY[2:], maintain_order=True
         ):
-            xd, xp, y = _step_rows(rep, _coef((model, gpu, *key[1:]), physics))
-            xs.append(np.c_[xd, xp, y])
-        rows = np.vstack(xs) if xs else np.zeros((0, 3))
-        rows = rows[rows[:, 2] > 0.0]
+            xd, xp, y = _step_rows(rep, _coef((model, gpu, *key[2:]), physics))
+            by_node.setdefault(str(key[1]), []).append(np.c_[xd, xp, y][y > 0.0])
+        node_rows = {k: np.vstack(v) for k, v in sorted(by_node.items())}
+        rows = np.vstack(list(node_rows.values())) if node_rows else np.zeros((0, 3))
+        nodes = tuple(
+            NodeFit(k, *map(float, robust_fit(r[:, :2], r[:, 2], r[:, 2]).theta), len(r))
+            for k, r in node_rows.items()
+            if len(r) >= MIN_RECORDS
+        )
         step = robust_fit(rows[:, :2], rows[:, 2], rows[:, 2]) if len(rows) >= MIN_RECORDS else None
         src = f"{len(rows)} decode and idle first-token intervals of request completions"
         none = "fewer than MIN_RECORDS completions"
@@ -341,5 +370,5 @@ def calibrate(
             prefill, decode, _factor("idle_power_scale", power, 0, "W", psrc, pnone),
             _factor("active_power_scale", power, 1, "W", psrc, pnone),
         )  # fmt: skip
-        pools.append(PoolCalibration(model, gpu, factors))
+        pools.append(PoolCalibration(model, gpu, factors, nodes))
     return Calibration(tuple(pools), tuple(dropped.items()))

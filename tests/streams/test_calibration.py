@@ -38,6 +38,10 @@ def test_the_calibration_recovers_every_hidden_factor_within_5_percent(example):
             assert f.tag == FITTED, (pool.model, f)
             assert f.value == pytest.approx(truth["factors"][name], rel=0.05), (pool.model, f)
             assert f.n >= 100 and f.residual_rms >= 0.0
+        # per-node fits (the factors times each node's hidden speed) bracket the pool's
+        decode = [n.decode_scale for n in pool.nodes]
+        assert pool.nodes and min(decode) <= pool.factor("decode_scale").value * 1.001
+        assert max(decode) >= pool.factor("decode_scale").value * 0.999
     # the fitted physics carries one correction per pool, named by model and GPU type
     physics = cal.physics()
     assert {(c.model, c.gpu) for c in physics.corrections} == {(p.model, p.gpu) for p in cal.pools}
