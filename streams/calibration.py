@@ -55,11 +55,11 @@ UNFITTED: tuple[tuple[str, str], ...] = (
     ("weights_load_s", "cold-start time kept at its cited default (fleet_events carry start and ready times)"),
     ("token_budget", "the engine's max_num_batched_tokens is not in the records; vLLM default per GPU type kept"),
     ("clock_power_exponent", "clocks do not vary in the records enough to fit it; modeled 2.2 kept"),
-    ("per_node_speed", "the ground truth's per-node step-time variation is not separated from the fleet mean"),
+    ("per_node_speed", "the pool factors hold the fleet's mean node; per-node fits are reported, not applied"),
 )
 #: order of a replica's fleet events at one instant (a prewarmed replica starts and is ready at once)
 _LIFECYCLE = {"replica_started": 0, "replica_reconfigured": 1, "replica_ready": 2, "replica_stopped": 3}
-_TP_KEY = ("model", "gpu_type", "tp", "precision", "sm_clock_mhz")
+_CONFIG = ("model", "gpu_type", "tp", "precision", "sm_clock_mhz")
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class _Fit:
     n: int
 
 
-def robust_fit(x: np.ndarray, y: np.ndarray, scale: np.ndarray) -> _Fit:
+def _robust_fit(x: np.ndarray, y: np.ndarray, scale: np.ndarray) -> _Fit:
     """Huber IRLS of y ~ x @ theta (no intercept) on residuals divided by `scale`; theta, standard errors,
     RMS of the scaled residuals and n."""
     w_base = 1.0 / scale**2
@@ -288,7 +288,7 @@ def _factor(name: str, fit: _Fit | None, i: int, unit: str, source: str, why_def
 def _power_rows(tel: pl.DataFrame, physics: Physics, decode_scale: float) -> tuple[np.ndarray, np.ndarray]:
     """(idle W, dynamic W at the cited max) per warm sample whose prefill share the clock reveals, and power W."""
     x_rows, y = [], []
-    for key, grp in tel.group_by(*_TP_KEY, maintain_order=True):
+    for key, grp in tel.group_by(*_CONFIG, maintain_order=True):
         model, gpu, tp, precision, clock = key
         row = _coef(key, physics)
         f_pl = power_limited_clock_mhz(gpu)
@@ -325,7 +325,10 @@ def calibrate(
     comp = completions.with_columns(
         _seconds("queued_at").alias("_queued"), _seconds("first_token_at").alias("_first"),
         _seconds("event_at").alias("_done"),
-    ).drop("model", "gpu_type").filter(pl.col("_first").is_not_null())  # fmt: skip
+    ).drop("model", "gpu_type")  # fmt: skip
+    n0 = comp.height
+    comp = comp.filter(pl.col("_first").is_not_null())
+    dropped["completions without a first token"] = n0 - comp.height
     n0 = comp.height
     comp = _with_config(comp, fleet_events, "_first")
     dropped["completions without a fleet event of their replica before the first token"] = n0 - comp.height
@@ -345,25 +348,25 @@ def calibrate(
             tel.select("model", "gpu_type").iter_rows())):  # fmt: skip
         by_node: dict[str, list[np.ndarray]] = {}
         for key, rep in comp.filter((pl.col("model") == model) & (pl.col("gpu_type") == gpu)).group_by(
-            "replica_id", "_node", *_TP_KEY[2:], maintain_order=True
+            "replica_id", "_node", *_CONFIG[2:], maintain_order=True
         ):
             xd, xp, y = _step_rows(rep, _coef((model, gpu, *key[2:]), physics))
             by_node.setdefault(str(key[1]), []).append(np.c_[xd, xp, y][y > 0.0])
         node_rows = {k: np.vstack(v) for k, v in sorted(by_node.items())}
         rows = np.vstack(list(node_rows.values())) if node_rows else np.zeros((0, 3))
         nodes = tuple(
-            NodeFit(k, *map(float, robust_fit(r[:, :2], r[:, 2], r[:, 2]).theta), len(r))
+            NodeFit(k, *map(float, _robust_fit(r[:, :2], r[:, 2], r[:, 2]).theta), len(r))
             for k, r in node_rows.items()
             if len(r) >= MIN_RECORDS
         )
-        step = robust_fit(rows[:, :2], rows[:, 2], rows[:, 2]) if len(rows) >= MIN_RECORDS else None
+        step = _robust_fit(rows[:, :2], rows[:, 2], rows[:, 2]) if len(rows) >= MIN_RECORDS else None
         src = f"{len(rows)} decode and idle first-token intervals of request completions"
         none = "fewer than MIN_RECORDS completions"
         decode = _factor("decode_scale", step, 0, "1", src, none)
         prefill = _factor("prefill_scale", step, 1, "1", src, none)
         xw, yw = _power_rows(tel.filter((pl.col("model") == model) & (pl.col("gpu_type") == gpu)), physics,
                              decode.value)  # fmt: skip
-        power = robust_fit(xw, yw, np.ones_like(yw)) if len(yw) >= MIN_RECORDS else None
+        power = _robust_fit(xw, yw, np.ones_like(yw)) if len(yw) >= MIN_RECORDS else None
         psrc = f"{len(yw)} GPU telemetry samples of warm replicas"
         pnone = "fewer than MIN_RECORDS warm telemetry samples with a readable prefill share"
         factors = (
