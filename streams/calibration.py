@@ -55,6 +55,7 @@ UNFITTED: tuple[tuple[str, str], ...] = (
     ("weights_load_s", "cold-start time kept at its cited default (fleet_events carry start and ready times)"),
     ("token_budget", "the engine's max_num_batched_tokens is not in the records; vLLM default per GPU type kept"),
     ("clock_power_exponent", "clocks do not vary in the records enough to fit it; modeled 2.2 kept"),
+    ("kv_cache_dtype", "fleet events do not carry it; the cited rows are taken with a bf16 ('auto') KV cache"),
     ("per_node_speed", "the pool factors hold the fleet's mean node; per-node fits are reported, not applied"),
 )
 #: order of a replica's fleet events at one instant (a prewarmed replica starts and is ready at once)
