@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -43,16 +44,18 @@ from optimizer.fallback import (
 )
 from optimizer.gates import GateConfig, GateContext, hard_gates
 from optimizer.levers import LeverSpace, lever_space, plan_key
+from optimizer.margins import load_margins
 from optimizer.objective import Objective
 from optimizer.observed import ObservedState
 from optimizer.ports import ForecastProvider, WorldModelPort
 from optimizer.registry import create, register
 from optimizer.search import LEVER_STAGES, SearchConfig, SearchResult, search
-from schemas.forecast import DisturbanceForecast
+from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
 from schemas.provenance import Provenance, Tagged
 from schemas.records import frame_schema
+from worldmodel.horizon import Horizon, HorizonSpec
 from worldmodel.servingmodel import ServingModel
 
 log = logging.getLogger(__name__)
@@ -97,6 +100,9 @@ class AureliusPolicy(Policy):
         default windows (3 seeds) it turned more decisions into deviations whose autoscaler transients the
         model does not see: ERCOT gp/$ 479.0 (453.9-496.5) against 496.0 without it, PJM 1087.8 vs 1091.9,
         CAISO 917.1 vs 920.8 (benchmarks/results/).
+    horizon : score each plan held over the forecast horizon (worldmodel/horizon.py: the forward model stepped
+        period to period, replicas, deferred work and precision carried, terminal value for carried work), or
+        None to score the decided period only. The audit grid stays one period long (a diagnostic).
     site_placement : three-site mode: also propose every plan placed, the work that may run anywhere moving to the
         site with the lowest forecast price (`candidates._placed`; arm `aurelius-placement`). Off by default: the
         forward model does not see the move's cold starts and doubled replicas, and on the ERCOT window (1 h,
@@ -112,7 +118,8 @@ class AureliusPolicy(Policy):
                  reference_policy: Policy | None = None, gate_config: GateConfig | None = None,
                  search_config: SearchConfig | None = None, name: str | None = None,
                  also_references: tuple[str, ...] = (), also_reference_policies: tuple[Policy, ...] = (),
-                 clock_levels: int = 1, floor_release: bool = False, site_placement: bool = False) -> None:
+                 clock_levels: int = 1, floor_release: bool = False, site_placement: bool = False,
+                 horizon: HorizonSpec | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         self.mode = mode
@@ -131,6 +138,8 @@ class AureliusPolicy(Policy):
         self.clock_levels = AUDIT_CLOCK_LEVELS if mode == "clock-only" else clock_levels
         self.floor_release = floor_release
         self.site_placement = site_placement
+        self.horizon = horizon
+        self.margins = load_margins("one_period" if horizon is None else "horizon")
         self.gate_config = gate_config or GateConfig()
         self.search_config = search_config or _search_config(mode)
         self.name = name or ("oracle" if oracle else "aurelius" if mode == "full" else f"aurelius-{mode}")
@@ -138,6 +147,8 @@ class AureliusPolicy(Policy):
         self._observed = ObservedState()
         self._previous: Plan | None = None
         self._record: dict[str, Any] | None = None
+        self._scorer: Callable[[Plan], Scored] | None = None
+        self._ref_plan: Plan | None = None
         self._fresh = self._seen_telemetry = self._seen_arrivals = False
 
     def start(self, ctx: PolicyContext, history: History) -> Plan:
@@ -186,9 +197,19 @@ class AureliusPolicy(Policy):
     def last_decision(self) -> dict[str, Any] | None:
         return self._record
 
+    def reference_plan(self) -> Plan | None:
+        """The reference policy's plan for the last decided period."""
+        return self._ref_plan
+
+    def scorer(self) -> Callable[[Plan], Scored] | None:
+        """The last decision's scorer (its forward model, objective and hard gates, as of its as_of), None when
+        that decision scored nothing (missing inputs). What benchmarks/lever_error.py compares with branches."""
+        return self._scorer
+
     def _decide(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
                 other_refs: tuple[Plan, ...] = (), forced_fallback: str | None = None) -> Plan:
         assert self.forecast_provider is not None
+        self._ref_plan = ref_plan
         missing = self._missing_inputs(as_of)
         forecasts: tuple[DisturbanceForecast, ...] = ()
         if not missing:
@@ -235,6 +256,7 @@ class AureliusPolicy(Policy):
         """The reference plan as is, flagged fallback with `reason`; its audit record says so."""
         assert self._ctx is not None
         decision = Decision(ref_plan, None, True, reason, ())
+        self._scorer = None
         self._record = build_record(
             policy=self.name, markets=self._ctx.markets, period_index=period_index, as_of=as_of,
             inputs=self._config_inputs(), forecasts=(), decision=decision, search=None, reference=None, audit=None,
@@ -254,7 +276,17 @@ class AureliusPolicy(Policy):
         """Forecast in hand: score, search, gate and decide; keep the audit record."""
         assert self._ctx is not None and self.world_model is not None
         serving = self.world_model.serving()
-        evaluate = self.world_model.evaluator(as_of, forecasts[0], self._previous if self.floor_release else None)
+        in_force = self._previous if self.floor_release else None
+        one_period = self.world_model.evaluator(as_of, forecasts[0], in_force, self._previous)
+        paths: dict[tuple[object, ...], Horizon] = {}
+        if self.horizon is not None:
+            along = self.world_model.horizon(as_of, forecasts, self.horizon, in_force, self._previous)
+
+            def evaluate(plan: Plan) -> PredictedOutcome:
+                paths[plan_key(plan)] = along(plan)
+                return paths[plan_key(plan)].total
+        else:
+            evaluate = one_period
         schedule = None
         if self.mode in ("full", "fixed-grid"):
             schedule = plan_deferral(forecasts, self._previous, serving, self._observed.slack_quantiles(),
@@ -263,18 +295,9 @@ class AureliusPolicy(Policy):
                               schedule.carry_usd_per_request if schedule else None)
         tenants = self._observed.tenants()
         space = self._space(ref_plan, tenants, schedule)
-        gctx = GateContext(self._ctx.fleet, forecasts[0], self._previous, tenants, serving,
-                           self.world_model.replicas(as_of))
-        memo: dict[tuple[object, ...], Scored] = {}
-
-        def score(plan: Plan) -> Scored:
-            k = plan_key(plan)
-            if k not in memo:
-                out = evaluate(plan)
-                memo[k] = Scored(plan, out, objective.score(out),
-                                 hard_gates(plan, out, gctx, self.gate_config))
-            return memo[k]
-
+        gctx = GateContext(self._ctx.fleet, forecasts[0], self._previous, tenants, serving)
+        score = _scorer(evaluate, objective, gctx, self.gate_config)
+        self._scorer = score
         reference = replace(score(ref_plan), plan=ref_plan)
         for other in other_refs:  # the strongest reference plan by prediction (feasible first) is the yardstick
             s = replace(score(other), plan=other)
@@ -290,19 +313,21 @@ class AureliusPolicy(Policy):
             cands = self._candidates(as_of, forecasts, ref_plan, space, serving, schedule)
             cands[1:1] = [replace(p, label=f"reference:{p.label}") for p in other_refs]
             result = search(cands, score, space, self.search_config, n_grid)
-            decision = decide(result.ranked, reference, objective, self.gate_config.pareto_tolerance_pp,
-                              self.gate_config.pareto_min_gain)
+            fixed = self.gate_config.pareto_min_gain
+            margin = fixed if fixed is not None else (lambda p, r=reference.plan: self.margins.of(p, r))
+            decision = decide(result.ranked, reference, objective, self.gate_config.pareto_tolerance_pp, margin)
         decision_ms = (time.perf_counter() - t0) * 1e3
         extra = self._extra(c0, reference.plan)
         audit = None
-        if self.audit:
-            chosen_score = score(decision.plan).score
-            audit = run_audit(audit_grid(ref_plan, audit_space), score, chosen_score)
+        if self.audit:  # one period long, a diagnostic: its own scorer when the decision looks further
+            grid_score = score if self.horizon is None else _scorer(one_period, objective, gctx, self.gate_config)
+            audit = run_audit(audit_grid(ref_plan, audit_space), grid_score, grid_score(decision.plan).score)
         self._record = build_record(
             policy=self.name, markets=self._ctx.markets, period_index=period_index, as_of=as_of,
             inputs=self._inputs(forecasts[0]), forecasts=forecasts, decision=decision, search=result,
             reference=reference, audit=audit, decision_ms=decision_ms,
-            extra={**extra, "audit_grid_size": n_grid, "future_price_ratio": objective.future_price_ratio},
+            extra={**extra, "audit_grid_size": n_grid, "future_price_ratio": objective.future_price_ratio,
+                   **_horizon_extra(paths, decision.plan, reference.plan)},
         )
         return decision.plan
 
@@ -360,6 +385,33 @@ class AureliusPolicy(Policy):
         return out
 
 
+def _scorer(evaluate: Callable[[Plan], PredictedOutcome], objective: Objective, gctx: GateContext,
+            gates: GateConfig) -> Callable[[Plan], Scored]:
+    """A memoizing scorer: evaluate, rank by the objective, check the hard gates."""
+    memo: dict[tuple[object, ...], Scored] = {}
+
+    def score(plan: Plan) -> Scored:
+        k = plan_key(plan)
+        if k not in memo:
+            out = evaluate(plan)
+            memo[k] = Scored(plan, out, objective.score(out), hard_gates(plan, out, gctx, gates))
+        return memo[k]
+
+    return score
+
+
+def _horizon_extra(paths: dict[tuple[object, ...], Horizon], chosen: Plan, reference: Plan) -> dict[str, Any]:
+    """The audit record's horizon: the chosen and the reference plan's predicted paths (empty without one)."""
+    if not paths:
+        return {}
+    out: dict[str, Any] = {}
+    for name, plan in (("chosen", chosen), ("reference", reference)):
+        h = paths.get(plan_key(plan))
+        if h is not None:
+            out[f"horizon_{name}"] = h.path()
+    return out
+
+
 def _future_price_ratio(forecasts: tuple[DisturbanceForecast, ...], risk_aversion: float) -> float:
     """Mean risk-adjusted price over the periods after this one / this period's (ratio, at least 0.05)."""
     now = risk_adjusted_price(forecasts[0].price_usd_mwh, risk_aversion)
@@ -386,6 +438,7 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-fixed-grid": {"mode": "fixed-grid"},
     "aurelius-no-deferral": {"mode": "no-deferral"},
     "aurelius-placement": {"mode": "full", "site_placement": True},
+    "aurelius-horizon": {"mode": "full", "horizon": HorizonSpec(), "horizon_periods": HorizonSpec().periods},
     "oracle": {"mode": "full", "oracle": True},
 }
 

@@ -6,6 +6,9 @@ force (no reload, which would requeue the requests in flight), a min-energy plan
 fewest replicas meeting the TPOT SLO) and the MILP's sizing at low/mid/high clock in each allowed precision.
 The regime adds bundles: an expensive hour adds packing variants with the deferral schedule's admission,
 a cheap one adds headroom (lower target utilisation), high load or a wide forecast interval adds ceiling.
+The full mode adds the lever spread around the reference (optimizer/lever_spread.py: capacity released as well
+as added, autoscaler target, batch cap, precision with KV dtype, clock, deferral, token budget), the plans the
+ruler branches, each with its measured margin (optimizer/margins.py).
 The clock-only ablation proposes the reference plan at every clock step and nothing else. With several sites
 (the three-site mode, with `site_placement`) every plan is also proposed placed: the work that may run anywhere
 moving to the site with the lowest forecast price, the pricier sites kept for the arrivals pinned to their
@@ -22,6 +25,7 @@ import numpy as np
 
 from optimizer.capacity_milp import SizingPool, size_capacity
 from optimizer.deferral_lp import risk_adjusted_price
+from optimizer.lever_spread import lever_spread
 from optimizer.levers import LeverSpace, PoolLevers, plan_key
 from optimizer.replica_capacity import idle_power_w, kv_sequences, replica_power_w, replica_rps
 from schemas.cost import CostConfig
@@ -161,6 +165,9 @@ def generate(inp: GenerationInputs, mode: str = "full") -> list[Plan]:
             replace(p, batch_admission=inp.admission) if p.label not in ("reference", "previous") else p for p in out
         ]
         out.append(replace(inp.reference, batch_admission=inp.admission, label="reference+deferral"))
+    if mode == "full":  # capacity both ways and one lever at a time around the reference (the ruler's spread)
+        live = {k: int(v) for k, v in inp.current_replicas.items()}
+        out += [p for _, p in lever_spread(inp.reference, {}, None, live, k_min=0)]
     if inp.site_placement and len({p.site for p in inp.reference.pools}) > 1:
         prices = site_prices(inp)
         out += [_placed(inp, p, prices) for p in out]

@@ -25,8 +25,10 @@ TOP_N = 5
 
 
 def outcome_dict(o: PredictedOutcome) -> dict[str, Any]:
-    """A predicted outcome as plain JSON-able values."""
-    return asdict(o)
+    """A predicted outcome as plain JSON-able values (pool replicas keyed "site/model/gpu")."""
+    d = asdict(o)
+    d["pool_replicas"] = {"/".join(k): v for k, v in o.pool_replicas.items()}
+    return d
 
 
 def interval_dict(iv: Interval, confidence: float) -> dict[str, float]:

@@ -9,7 +9,7 @@ gate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from optimizer.gates import GateResult, pareto_gate
@@ -106,7 +106,7 @@ def _no_worse_than_reference(s: Scored, reference: Scored, tolerance_pp: float) 
 
 
 def decide(ranked: Sequence[Scored], reference: Scored, objective: Objective,
-           tolerance_pp: float = 0.1, min_gain: float = 0.0) -> Decision:
+           tolerance_pp: float = 0.1, min_gain: float | Callable[[Plan], float] = 0.0) -> Decision:
     """Pick the best-scoring candidate that passes every hard gate and the Pareto gate; otherwise the
     reference plan, flagged fallback, with the reason (no feasible candidate, or the best feasible
     candidate's Pareto failure). A candidate failing only the SLA gate still competes when no class is
@@ -118,7 +118,8 @@ def decide(ranked: Sequence[Scored], reference: Scored, objective: Objective,
     reference : the reference policy's plan, scored and gated like a candidate.
     objective : the ranking objective (the Pareto gate compares point and risk-adjusted gp/$).
     tolerance_pp : allowed rise of any class's violation rate over the reference (percentage points).
-    min_gain : predicted gp/$ gain over the reference a candidate needs (ratio).
+    min_gain : predicted gp/$ gain over the reference a candidate needs (ratio), or per candidate plan (the
+        per-lever margins, optimizer/margins.py).
     """
     feasible = [s for s in ranked if s.feasible or _no_worse_than_reference(s, reference, tolerance_pp)]
     if not feasible:
@@ -128,7 +129,8 @@ def decide(ranked: Sequence[Scored], reference: Scored, objective: Objective,
                         f"no candidate passed the hard gates (best: {why})", reference.gates)
     first_failure: GateResult | None = None
     for s in feasible:
-        g = pareto_gate(s.outcome, reference.outcome, objective, tolerance_pp, min_gain)
+        margin = min_gain(s.plan) if callable(min_gain) else min_gain
+        g = pareto_gate(s.outcome, reference.outcome, objective, tolerance_pp, margin)
         if g.passed:
             return Decision(s.plan, s.outcome, False, None, (*s.gates, g))
         first_failure = first_failure or g

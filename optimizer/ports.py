@@ -14,6 +14,7 @@ import polars as pl
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import Plan
 from schemas.policy import History, Observations, PolicyContext
+from worldmodel.horizon import Horizon, HorizonSpec
 from worldmodel.servingmodel import ServingModel
 
 
@@ -34,10 +35,16 @@ class WorldModelPort(Protocol):
 
     def update(self, obs: Observations) -> None: ...
 
-    def evaluator(self, as_of: datetime, forecast: DisturbanceForecast,
-                  in_force: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
-        """A read-only scorer of plans for the period starting at `as_of`; `in_force` is the plan the runtime
-        runs now (its floors hold replicas a new plan may release)."""
+    def evaluator(self, as_of: datetime, forecast: DisturbanceForecast, in_force: Plan | None = None,
+                  running: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
+        """A read-only scorer of plans for the period starting at `as_of`; `in_force` is the plan whose floors
+        hold replicas a new plan may release; `running` the plan the runtime runs now (its KV dtype and token
+        budget: a plan changing them restarts the pool)."""
+        ...
+
+    def horizon(self, as_of: datetime, forecasts: tuple[DisturbanceForecast, ...], spec: HorizonSpec,
+                in_force: Plan | None = None, running: Plan | None = None) -> Callable[[Plan], Horizon]:
+        """Per plan, its predicted path held over the forecasts' horizon (worldmodel/horizon.py)."""
         ...
 
     def serving(self) -> ServingModel: ...

@@ -53,7 +53,7 @@ def build_policy(
     if name not in AURELIUS_ARMS:
         return create(name)
     arm = dict(AURELIUS_ARMS[name])
-    horizon = int(kwargs.get("horizon_periods", 12))
+    horizon = int(kwargs.get("horizon_periods", arm.get("horizon_periods", 12)))
     if arm.get("oracle"):
         if workload is None:
             raise ValueError("the oracle arm needs the workload (its realized future)")
@@ -67,6 +67,5 @@ def build_policy(
         seed=seed,
         forecast_provider=provider,
         world_model=WorldStateModel(shared=world_state),
-        **arm,
-        **kwargs,
+        **{**arm, **kwargs},
     )

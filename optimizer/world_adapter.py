@@ -31,6 +31,7 @@ from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import Plan
 from schemas.policy import History, Observations, PolicyContext
 from worldmodel.forward import ForwardModel
+from worldmodel.horizon import Horizon, HorizonSpec, rollout
 from worldmodel.selfcal import SelfCalibrator
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import FleetSnapshot, PoolState, snapshot
@@ -151,35 +152,38 @@ class WorldStateModel:
         """Warm + loading replicas per (site, model, gpu) as of `as_of`, from the state."""
         return {p.key: p.warm + p.loading for p in self.snapshot(as_of).pools}
 
-    def evaluator(self, as_of: datetime, forecast: DisturbanceForecast,
-                  in_force: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
+    def evaluator(self, as_of: datetime, forecast: DisturbanceForecast, in_force: Plan | None = None,
+                  running: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
+        fm, start = self._forward(as_of, in_force, running)
+        return lambda plan: fm.evaluate(start(plan), plan, forecast)
+
+    def horizon(self, as_of: datetime, forecasts: tuple[DisturbanceForecast, ...], spec: HorizonSpec,
+                in_force: Plan | None = None, running: Plan | None = None) -> Callable[[Plan], Horizon]:
+        """Per plan, its predicted path over the horizon (worldmodel/horizon.py) from the state as of `as_of`."""
+        fm, start = self._forward(as_of, in_force, running)
+        return lambda plan: rollout(fm.evaluate, start(plan), plan, forecasts, spec)
+
+    def _forward(self, as_of: datetime, in_force: Plan | None,
+                 running: Plan | None) -> tuple[ForwardModel, Callable[[Plan], FleetSnapshot]]:
+        """The forward model and, per plan, the snapshot it starts from: the state as of `as_of` (with the
+        in-force plan's floors and the running plan's engine arguments, when given); before the fleet was
+        observed, the plan's floors warm (the runtime pre-warms the first plan)."""
         assert self._ctx is not None, "start() first"
         fm = ForwardModel(self._prior, self.cost_config, site_markets={s.name: s.market for s in self._ctx.fleet.sites})
         snap = self.snapshot(as_of)
+        if running is not None:
+            snap = replace(snap, engine_args={p.key: (p.kv_dtype, p.max_num_batched_tokens) for p in running.pools})
         if in_force is not None:
             snap = replace(snap, floors={p.key: p.replica_floor for p in in_force.pools})
-        if not self._observed_fleet:  # the first plan is pre-warmed by the runtime: its floors start warm
+        if self._observed_fleet:
+            return fm, lambda plan: snap
 
-            def prewarmed(plan: Plan) -> PredictedOutcome:
-                pools = tuple(
-                    PoolState(
-                        p.site,
-                        p.model,
-                        p.gpu,
-                        p.replica_floor,
-                        0,
-                        0,
-                        p.tp,
-                        p.precision,
-                        float(p.sm_clock_mhz),
-                        p.max_batch,
-                    )
-                    for p in plan.pools
-                )
-                return fm.evaluate(replace(snap, pools=pools), plan, forecast)
+        def prewarmed(plan: Plan) -> FleetSnapshot:
+            pools = tuple(PoolState(p.site, p.model, p.gpu, p.replica_floor, 0, 0, p.tp, p.precision,
+                                    float(p.sm_clock_mhz), p.max_batch) for p in plan.pools)  # fmt: skip
+            return replace(snap, pools=pools)
 
-            return prewarmed
-        return lambda plan: fm.evaluate(snap, plan, forecast)
+        return fm, prewarmed
 
     def serving(self) -> ServingModel:
         return self._serving

@@ -3,6 +3,7 @@ and the outcome the forward model predicts. Dataclasses only; no behaviour."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -98,6 +99,8 @@ class PredictedOutcome:
     cost_usd / cost_usd_owned : rented and owned basis ($); reloads : replicas reloading (count);
     deferred_carryover : deferrable requests left waiting at period end; peak_power_w : site IT power (W).
     sla_met : expected SLA-met requests; risk : spread of gp/$ from forecast intervals and the risk band.
+    pool_replicas : warm + loading replicas per (site, model, gpu) pool the period ends with (count; the
+    horizon's next step starts from them).
     """
 
     classes: tuple[ClassOutcome, ...]
@@ -113,3 +116,4 @@ class PredictedOutcome:
     gp_per_dollar: float
     gp_per_dollar_lo: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    pool_replicas: Mapping[tuple[str, str, str], float] = field(default_factory=dict)

@@ -138,6 +138,7 @@ class ForwardModel:
             gp_per_dollar=point.sla_met / point.cost_usd,
             gp_per_dollar_lo=min(r.sla_met / r.cost_usd for r in results.values()),
             notes=(f"period_s={period_s:g}", f"risk_band={snapshot.risk_band:.2f}"),
+            pool_replicas=dict(point.replicas),
         )
 
     def _scenario(
@@ -182,6 +183,7 @@ class ForwardModel:
                 key = (p.plan.site, p.plan.gpu)
                 gpus_used[key] = gpus_used.get(key, 0.0) + r.replicas * p.plan.tp
                 gpu_hours[p.plan.gpu] = gpu_hours.get(p.plan.gpu, 0.0) + r.replicas * p.plan.tp * T / 3600.0
+                out.replicas[p.plan.key] = r.replicas
         for d in fc.demand:  # class outcomes in the forecast's order
             load, res, mu, batch_info = served.get(d.model, (Load(0, 0, 0, 0, 0, 0), [], 0.0, (0.0, 0.0, 0.0)))
             queue = snap.queue(d.request_class)

@@ -16,7 +16,7 @@ from worldmodel.tails import empirical_exceed, fluid_share, tpot_exceed
 
 class Scenario:
     """Accumulator of one demand scenario's outcome: classes, SLA-met and carried requests, GPU-hours, energy
-    (kWh), costs ($), peak power (W), cold starts (count)."""
+    (kWh), costs ($), peak power (W), cold starts (count), replicas per pool (count)."""
 
     def __init__(self) -> None:
         self.classes: list[ClassOutcome] = []
@@ -24,6 +24,7 @@ class Scenario:
         self.sla_met = self.carryover = self.gpu_hours = self.energy_kwh = 0.0
         self.energy_cost_usd = self.cost_usd = self.cost_owned = self.peak_power_w = 0.0
         self.cold_starts = 0
+        self.replicas: dict[tuple[str, str, str], float] = {}  # per pool key (count)
 
     def add(self, c: ClassOutcome, sla_met: float) -> None:
         """Record a class's outcome and its SLA-met requests (count)."""

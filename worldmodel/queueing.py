@@ -77,7 +77,9 @@ def pool_static(sm: ServingModel, snap: FleetSnapshot, p: PoolPlan) -> Pool:
         current = p.replica_floor if not snap.pools else 0
         return Pool(p, cfg, current, 0, load_s, (), chunk_s)
     left = tuple(max(load_s - e, 0.0) for e in state.loading_elapsed_s)
-    reloads = state.warm + state.loading if state.precision != p.precision else 0
+    args = snap.engine_args.get(p.key)
+    restart = state.precision != p.precision or (args is not None and args != (p.kv_dtype, p.max_num_batched_tokens))
+    reloads = state.warm + state.loading if restart else 0
     current = state.warm + state.loading
     released = max(min(current, snap.floors.get(p.key, 0)) - p.replica_floor, 0)
     # the power cap and heat hold the clock below the applied one; a lower plan clock runs cooler (untouched)

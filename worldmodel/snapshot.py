@@ -79,6 +79,9 @@ class FleetSnapshot:
     GPUs / 8 once scale-downs leave nodes part-used, and each draws its non-GPU power); corrections : fitted
     serving-model factors; risk_band : uncertainty multiplier (1-2);
     floors : replica floors of the plan in force per pool (count; empty when unknown).
+    engine_args : per pool, the KV-cache dtype and chunked-prefill token budget (tokens, None = the engine's
+        default) of the plan in force, which fleet events do not carry (empty when unknown); the engine takes
+        both at start-up, so a plan changing either restarts the pool's replicas.
     """
 
     as_of: datetime
@@ -91,6 +94,7 @@ class FleetSnapshot:
     corrections: Corrections = field(default_factory=Corrections)
     risk_band: float = 1.0
     floors: Mapping[PoolKey, int] = field(default_factory=dict)
+    engine_args: Mapping[PoolKey, tuple[str, int | None]] = field(default_factory=dict)
 
     def pool(self, key: PoolKey) -> PoolState | None:
         """The pool with this (site, model, gpu) key, or None."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.lever_spread import lever_spread
 from schemas.cost import CostConfig
 from schemas.fleet import FleetSpec
 from schemas.plan import Plan
@@ -32,7 +33,6 @@ from streams.replay.branching import (
     SCREEN_TOP,
     SLA_SLACK,
     arrival_periods,
-    candidate_plans,
     compare,
     live_replicas,
     regret,
@@ -103,7 +103,7 @@ class _Context:
     def plans(self, run: RunResult, k: int) -> list[tuple[str, Plan]]:
         refs = {name: _plan_at(r, k) for name, r in self.references.items()}
         previous = run.plan_by_period.get(k - 1)
-        return candidate_plans(refs[self.lead], refs, previous, live_replicas(run), self.settings.K)
+        return lever_spread(refs[self.lead], refs, previous, live_replicas(run), self.settings.K, prefix="hindsight")
 
 
 class _Replayed(Policy):

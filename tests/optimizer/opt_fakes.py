@@ -25,6 +25,8 @@ from schemas.forecast import (
 )
 from schemas.plan import BatchAdmission, Plan, PoolPlan
 from schemas.policy import History, Observations, Policy, PolicyContext
+from worldmodel.horizon import Horizon, HorizonSpec, steps
+from worldmodel.horizon import total as horizon_total
 from worldmodel.servingmodel import ServingModel
 
 T0 = datetime(2023, 7, 1, 12, tzinfo=UTC)
@@ -129,13 +131,23 @@ class FakeWorld:
         return pl.DataFrame({"interval_start": [a for a, _ in rows], "lmp_usd_mwh": [v for _, v in rows]},
                             schema={"interval_start": pl.Datetime("us", "UTC"), "lmp_usd_mwh": pl.Float64})
 
-    def evaluator(self, as_of: datetime, f: DisturbanceForecast,
-                  in_force: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
+    def evaluator(self, as_of: datetime, f: DisturbanceForecast, in_force: Plan | None = None,
+                  running: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
         def evaluate(plan: Plan) -> PredictedOutcome:
             self.evaluations += 1
             return fake_outcome(plan, f)
 
         return evaluate
+
+    def horizon(self, as_of: datetime, forecasts: tuple[DisturbanceForecast, ...], spec: HorizonSpec,
+                in_force: Plan | None = None, running: Plan | None = None) -> Callable[[Plan], Horizon]:
+        """Each forecast period scored with fake_outcome, the fleet carried as is (the horizon's total)."""
+        def path(plan: Plan) -> Horizon:
+            snap_free = [(i, n, fake_outcome(plan, forecasts[i])) for i, n in steps(len(forecasts), spec)]
+            self.evaluations += len(snap_free)
+            return Horizon(tuple(snap_free), horizon_total([o for _, _, o in snap_free]))
+
+        return path
 
     def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
         return {}

@@ -152,9 +152,9 @@ def test_floor_release_hands_the_plan_in_force_to_the_evaluator():
             super().__init__()
             self.in_force: list = []
 
-        def evaluator(self, as_of, f, in_force=None):  # noqa: ANN001, ANN202
+        def evaluator(self, as_of, f, in_force=None, running=None):  # noqa: ANN001, ANN202
             self.in_force.append(in_force)
-            return super().evaluator(as_of, f, in_force)
+            return super().evaluator(as_of, f, in_force, running)
 
     for release in (False, True):
         world = Recording()

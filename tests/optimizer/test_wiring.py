@@ -91,11 +91,12 @@ def records(wl: Workload, stream) -> dict[int, dict]:  # noqa: ANN001
 #: (fallback flag, pattern of fallback_reason; None: a searched candidate is recommended, no reason).
 EXPECTED_FALLBACK: dict[int, tuple[bool, str | None]] = {
     0: (True, re.escape(START_FALLBACK)),  # nothing observed yet: the reference plan as deployed
-    1: (True, r"no candidate passed the hard gates \(best: sla: code \d+\.\d\d% > budget 1\.00%"
+    1: (True, r"no candidate passed the hard gates \(best: sla: (code|chat) \d+\.\d\d% > budget 1\.00%"
               r"(; chat \d+\.\d\d% > budget 1\.00%)?\)"),
-    2: (True, r"pareto: gp/\$ \d+ <= reference \d+ x 1\.03"),  # no candidate 3% above the reference
+    # the best candidate short of its lever's measured margin (optimizer/lever_margins.json)
+    2: (True, r"pareto: gp/\$ \d+ <= reference \d+ x 1\.\d+.*"),
     3: (False, None),
-    4: (True, r"pareto: gp/\$ 0 <= reference 0 x 1\.03"),  # the drain: nothing offered, nothing to gain
+    4: (True, r"pareto: gp/\$ 0 <= reference 0"),  # the drain: nothing offered, nothing to gain, nothing moved
 }
 
 

@@ -12,13 +12,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from optimizer.lever_spread import lever_spread
 from optimizer.registry import create, names
 from optimizer.wiring import build_policy
 from schemas.cost import gpu_cost_owned_usd
 from schemas.fleet import default_fleet
 from schemas.plan import Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
-from streams.replay.branching import Branch, branch_value, candidate_plans, live_replicas, sample_periods
+from streams.replay.branching import Branch, branch_value, live_replicas, sample_periods
 from streams.replay.cli import _aggregate, _check_branching, _hindsight_flags
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.hindsight import HINDSIGHT, BranchSettings, RegretAudit, hindsight_check, run_hindsight
@@ -208,7 +209,7 @@ def test_production_regret_audit_is_consistent(wl: Workload, prod: RunResult) ->
 def test_candidate_plans_spread(prod: RunResult) -> None:
     plan = prod.plan_by_period[1]
     live = {key: 4 for key in prod.runtime.pool_keys}
-    cands = candidate_plans(plan, {"production": plan}, prod.plan_by_period[0], live)
+    cands = lever_spread(plan, {"production": plan}, prod.plan_by_period[0], live, prefix="hindsight")
     labels = [lbl for lbl, _ in cands]
     assert len(cands) >= 16 and len(set(labels)) == len(labels)
     plans = dict(cands)

@@ -1,0 +1,150 @@
+"""How well the planner's forward model predicts what each lever does, measured on ground-truth branches.
+
+For each market, on the hour one week before its default window (data the replay of that window may use:
+nothing of the window itself), aurelius decides every 5-minute period; at every other decision the lever
+variants of the lever spread (optimizer/lever_spread.py, the hindsight arm's plans, around production's plan: capacity
+both ways, autoscaler target, batch cap, precision, clock, deferral, token budget) are
+
+- predicted by the arm's own scorer at that decision (`AureliusPolicy.scorer()`: the forward model over the
+  decided period, or over its horizon for `--arm aurelius-horizon`), as gp/$ relative to production's plan, and
+- realized on a branch of the ground truth (the plan for the decided period, production's plan for H = 2 more,
+  then the drain), as the branch's gp/$ relative to production's branch.
+
+Per lever it prints the sign agreement (share of decisions where predicted and realized differences have the
+same sign, differences below 0.5 % in both counted as agreeing), the mean realized difference, and the
+error quantiles of predicted minus realized; `--out` writes them as JSON (the per-lever margins of the planner's
+Pareto gate are read from that file: optimizer/margins.py).
+
+    python benchmarks/lever_error.py --out benchmarks/results/lever_error.json
+
+Runs the ground truth: a measurement tool, never imported by the planner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from collections import defaultdict
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from optimizer.lever_spread import lever_spread
+from optimizer.margins import MARGINS_FILE, QUANTILE, margins_from_rows
+from optimizer.wiring import build_policy
+from schemas.fleet import default_fleet
+from schemas.plan import Plan
+from streams.replay.branching import branch_value, live_replicas
+from streams.replay.driver import RunResult, run_replay
+from streams.replay.tuning import lead_in_fleet
+from streams.workload.builder import build_workload
+from worldmodel.groundtruth.runtime import Physics
+
+TIE = 0.005  # differences below 0.5 % in both directions count as agreeing (ratio)
+
+
+def measure(market: str, *, periods: int, every: int, seed: int, arm: str) -> list[dict[str, Any]]:
+    """Predicted and realized gp/$ differences vs production's plan at the sampled decisions of one market."""
+    physics = Physics()
+    fleet = default_fleet()
+    window = build_workload(market, 2023, rule="max", periods=1, seed=seed).window
+    past = window.start - timedelta(days=7)
+    wl = build_workload(market, past.year, start=past, periods=periods, period_minutes=5.0, seed=seed + 7919)
+    initial = lead_in_fleet(market, past, fleet, seed=seed, physics=physics)
+    policy = build_policy(arm, wl, seed, period_s=300.0, window_periods=periods, audit=False,
+                          also_references=())  # fmt: skip
+    rows: list[dict[str, Any]] = []
+
+    def intercept(k: int, run: RunResult, plan: Plan) -> Plan:
+        if k % every or k >= periods:
+            return plan
+        score = policy.scorer()
+        ref = policy.reference_plan()
+        if score is None or ref is None:
+            return plan
+        t0 = k * 300.0
+        variants = lever_spread(ref, {"production": ref}, None, live_replicas(run))
+        pred_ref = score(ref).outcome.gp_per_dollar
+        real_ref = branch_value(run, ref, ref, t0, 300.0, 2, 0.0)
+        for label, p in variants:
+            if label == "ref:production":
+                continue
+            t = time.perf_counter()
+            pred = score(p).outcome.gp_per_dollar
+            real = branch_value(run, p, ref, t0, 300.0, 2, 0.0)
+            realized = real.gp_per_dollar / real_ref.gp_per_dollar - 1.0
+            rows.append({"market": market, "period": k, "lever": label, "predicted": pred / pred_ref - 1.0,
+                         "realized": realized, "wall_s": time.perf_counter() - t})  # fmt: skip
+        return plan
+
+    run_replay(wl, policy, fleet, period_s=300.0, physics=physics, initial_replicas=initial, intercept=intercept)
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per lever: n, sign agreement (share), mean realized and predicted differences, error quantiles (ratio)."""
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by[r["lever"]].append(r)
+    out = {}
+    for lever, rs in sorted(by.items()):
+        p = np.array([r["predicted"] for r in rs])
+        q = np.array([r["realized"] for r in rs])
+        agree = (np.sign(p) == np.sign(q)) | ((np.abs(p) < TIE) & (np.abs(q) < TIE))
+        err = p - q
+        out[lever] = {"n": len(rs), "sign_agreement": float(agree.mean()), "realized_mean": float(q.mean()),
+                      "predicted_mean": float(p.mean()), "error_p50": float(np.quantile(err, 0.5)),
+                      "error_p80": float(np.quantile(err, 0.8)), "error_p90": float(np.quantile(err, 0.9)),
+                      "abs_error_p80": float(np.quantile(np.abs(err), 0.8))}  # fmt: skip
+    return out
+
+
+def write_margins(sources: dict[str, str]) -> None:
+    """optimizer/lever_margins.json: per kind, the margins (optimizer.margins.margins_from_rows) of a recorded file."""
+    out: dict[str, Any] = {"quantile": QUANTILE}
+    for kind, path in sources.items():
+        with open(path) as f:
+            rec = json.load(f)
+        out[kind] = {"source": path, "commit": rec["commit"], "arm": rec["config"]["arm"],
+                     "margins": margins_from_rows(rec["rows"]),
+                     "by_label": margins_from_rows(rec["rows"], "lever")}  # fmt: skip
+    MARGINS_FILE.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out, indent=1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--markets", default="PJM,ERCOT,CAISO")
+    ap.add_argument("--periods", type=int, default=12, help="periods of the measured hour (count)")
+    ap.add_argument("--every", type=int, default=2, help="measure every n-th decision (count)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arm", default="aurelius", help="the aurelius arm whose scorer predicts (its horizon or none)")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--write-margins", default=None, metavar="KIND=FILE,...",
+                    help="write optimizer/lever_margins.json from recorded measurements (kinds: horizon, one_period) "
+                         "and measure nothing")  # fmt: skip
+    args = ap.parse_args()
+    if args.write_margins:
+        write_margins(dict(kv.split("=", 1) for kv in args.write_margins.split(",")))
+        return
+    rows = []
+    for m in args.markets.split(","):
+        t = time.perf_counter()
+        rows += measure(m, periods=args.periods, every=args.every, seed=args.seed, arm=args.arm)
+        print(f"{m}: {time.perf_counter() - t:.0f} s", flush=True)
+    table = summarize(rows)
+    print(f"{'lever':<22}{'n':>4}{'sign':>7}{'real':>9}{'pred':>9}{'err50':>9}{'err80':>9}{'|err|80':>9}")
+    for lever, s in table.items():
+        print(f"{lever:<22}{s['n']:>4}{s['sign_agreement']:>7.2f}{s['realized_mean']:>9.3f}{s['predicted_mean']:>9.3f}"
+              f"{s['error_p50']:>9.3f}{s['error_p80']:>9.3f}{s['abs_error_p80']:>9.3f}")
+    if args.out:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        with open(args.out, "w") as f:
+            json.dump({"commit": commit, "config": vars(args), "levers": table, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
