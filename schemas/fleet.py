@@ -38,6 +38,29 @@ KV_DTYPES_BY_PRECISION: dict[Precision, tuple[KvCacheDtype, ...]] = {
 
 #: SM clock range per GPU type (MHz); max is the default boost clock.
 SM_CLOCK_RANGE_MHZ: dict[GpuType, tuple[int, int]] = {GpuType.H100: (1095, 1980), GpuType.A100: (1005, 1410)}
+
+#: Clock a busy GPU holds in compute-bound (prefill) work under its default power limit (MHz). Measured on the
+#: project's H200: bf16 prefill of 8k tokens held 1,579 MHz (1,515-1,665) of its 1,980 MHz maximum at 693 W of
+#: its 700 W limit, clock-event reason 0x4 = SW power cap (fp8 prefill: 1,739 MHz at 694 W).
+POWER_LIMITED_CLOCK_MHZ: dict[GpuType, Tagged] = {
+    GpuType.H100: Tagged(
+        1579.0,
+        "MHz",
+        Provenance.MODELED,
+        "measured H200 bf16 prefill clock (benchmarks/results/gpu_calibration_h200.json) transferred to H100 SXM: "
+        "same die, SM count, 1,980 MHz maximum and 700 W limit; under equal caps H100 does slightly better than "
+        "H200 on compute-bound DGEMM (arXiv 2604.11391), so this is at most slightly low",
+    ),
+    GpuType.A100: Tagged(
+        round(1410.0 * 1579.0 / 1980.0),
+        "MHz",
+        Provenance.MODELED,
+        "the H200's measured power-limited share of its maximum clock (1,579 / 1,980 = 0.80) applied to the "
+        "A100's 1,410 MHz; Splitwise A100 runs with prefill reach 0.98-1.09 x TDP peak power (REFERENCES.md), "
+        "i.e. A100 prefill is at its power limit too; no measured A100 clock",
+    ),
+}
+
 #: FP8 tensor cores exist on Hopper only.
 PRECISIONS_BY_GPU: dict[GpuType, tuple[Precision, ...]] = {
     GpuType.H100: (Precision.BF16, Precision.FP8),
@@ -162,3 +185,13 @@ def default_site(market: str, h100_nodes: int = 8, a100_nodes: int = 8) -> Site:
 def default_fleet(markets: tuple[str, ...] = ("PJM", "ERCOT", "CAISO")) -> FleetSpec:
     """One default site per market (README documents the layout)."""
     return FleetSpec(sites=tuple(default_site(m) for m in markets))
+
+
+def power_limited_clock_mhz(gpu: str) -> float:
+    """The clock (MHz) a busy GPU holds in compute-bound work under its default power limit (the ground truth's
+    prefill clock; the planner's serving model reads the same figure).
+
+    >>> power_limited_clock_mhz("H100")
+    1579.0
+    """
+    return POWER_LIMITED_CLOCK_MHZ[GpuType(gpu)].value

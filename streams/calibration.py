@@ -37,10 +37,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from schemas.fleet import power_limited_clock_mhz
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.runtime import CoefficientCorrections, Physics, coef_row, weight_read_s
 from worldmodel.physics.power import gpu_power_w
-from worldmodel.physics.tables import HBM_EFFICIENCY, power_limited_clock_mhz
+from worldmodel.physics.tables import HBM_EFFICIENCY
 
 FITTED = "fitted"
 DEFAULT = "cited default"

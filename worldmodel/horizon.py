@@ -38,8 +38,8 @@ class HorizonSpec:
     """fine : leading periods stepped one at a time (count); block : periods per coarse block after them
     (count); periods : the horizon's length (count; the forecast's length when shorter)."""
 
-    fine: int = 3
-    block: int = 3
+    fine: int = 2
+    block: int = 6
     periods: int = 36
 
 
@@ -48,8 +48,8 @@ def steps(n_forecasts: int, spec: HorizonSpec) -> list[tuple[int, int]]:
 
     >>> steps(12, HorizonSpec(fine=3, block=3, periods=36))
     [(0, 1), (1, 1), (2, 1), (3, 3), (6, 3), (9, 3)]
-    >>> steps(5, HorizonSpec(fine=3, block=3))
-    [(0, 1), (1, 1), (2, 1), (3, 2)]
+    >>> steps(36, HorizonSpec())
+    [(0, 1), (1, 1), (2, 6), (8, 6), (14, 6), (20, 6), (26, 6), (32, 4)]
     """
     n = min(n_forecasts, spec.periods)
     out = [(i, 1) for i in range(min(spec.fine, n))]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy import special
 
-from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType
+from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType, power_limited_clock_mhz
 from schemas.models import BYTES_PER_VALUE, MODELS
 from schemas.provenance import Provenance
 
@@ -152,6 +152,14 @@ class ServingModel:
     def _clock_ratio(self, cfg: PoolConfig) -> float:
         return max(cfg.sm_clock_mhz, 1.0) / GPU_SPECS[cfg.gpu].max_clock_mhz
 
+    @staticmethod
+    def _prefill_clock_ratio(cfg: PoolConfig) -> float:
+        """Compute-bound prefill's clock against the priors' (ratio): prefill runs at the power-limited clock
+        (schemas.fleet.power_limited_clock_mhz, measured), so a locked clock above it changes nothing and one
+        below it slows prefill by f_pl / f."""
+        f_pl = power_limited_clock_mhz(cfg.gpu)
+        return min(max(cfg.sm_clock_mhz, 1.0), f_pl) / f_pl
+
     def _peak_flops(self, cfg: PoolConfig) -> float:
         g = GPU_SPECS[cfg.gpu]
         return g.fp8_flops if cfg.precision == "fp8" and g.fp8_flops > 0 else g.bf16_flops
@@ -196,7 +204,7 @@ class ServingModel:
         g, m, p = GPU_SPECS[cfg.gpu], MODELS[cfg.model], self.priors
         n = max(tokens, 1.0)
         flops = (2.0 * m.params * n + 2.0 * n * n * m.layers * m.hidden) / cfg.tp
-        cmp_s = flops / (self._peak_flops(cfg) * self._clock_ratio(cfg) * p.prefill_compute_eff)
+        cmp_s = flops / (self._peak_flops(cfg) * self._prefill_clock_ratio(cfg) * p.prefill_compute_eff)
         mem_s = m.params * BYTES_PER_VALUE[cfg.precision] / cfg.tp / g.hbm_bytes_s
         step = max(cmp_s, mem_s) + self._comm_s(cfg, n) + p.step_overhead_s
         return step * self._factor(self.corrections.prefill, cfg, _prefill_gain)

@@ -201,6 +201,36 @@ def test_no_leakage_decision_at_t_unchanged_by_later_data(
     assert oracle(future)["forecasts"] != oracle(wl)["forecasts"]
 
 
+def _path_view(rec: dict) -> list:
+    """The record's predicted paths at 9 significant digits (DuckDB sums may differ in the last bit)."""
+    return [{k: float(f"{v:.9g}") for k, v in step.items()}
+            for key in ("horizon_chosen", "horizon_reference") for step in rec.get(key, [])]
+
+
+def test_no_leakage_of_the_horizon_arm_and_its_path_in_the_record(wl: Workload, stream) -> None:  # noqa: ANN001
+    """The horizon arm reads 3 h of forecasts (day-ahead prices where published): its decisions up to t, and the
+    predicted paths its records carry, are unchanged when the workload's future and every observation after t
+    are perturbed; a later decision moves."""
+    ctx, history, obs = stream
+
+    def run(w: Workload, frames: list[Observations]) -> dict[int, dict]:
+        pol = build_policy("aurelius-horizon", w, 0, audit=False, window_periods=PERIODS)
+        assert isinstance(pol, AureliusPolicy) and pol.horizon is not None
+        return drive(pol, ctx, history, frames)
+
+    base = run(wl, obs)
+    again = run(_perturb_future(wl, DECIDE_AT * ctx.period_s),
+                [o if o.period_index <= DECIDE_AT else _perturb(o) for o in obs])
+    for k in range(DECIDE_AT + 1):
+        assert _decision_view(again[k]) == _decision_view(records_view := base[k]), f"decision {k} changed"
+        assert _path_view(again[k]) == _path_view(records_view)
+    later = max(again)
+    assert _decision_view(again[later]) != _decision_view(base[later])
+    path = base[DECIDE_AT]["horizon_reference"]
+    assert len(path) >= 4 and path[0]["periods"] == 1 and path[-1]["periods"] >= 1
+    assert all(step["cost_usd"] >= 0 and step["replicas"] >= 0 for step in path)
+
+
 def test_world_model_snapshot_reads_only_what_arrived(wl: Workload, stream) -> None:  # noqa: ANN001
     ctx, history, obs = stream
     wm = WorldStateModel()

@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from schemas import fleet
 from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType, default_fleet
 from schemas.plan import BatchAdmission, Ordering, Plan, PoolPlan, Routing
 from schemas.provenance import Provenance
@@ -69,7 +70,7 @@ def _alone_ttft(c, inp: int) -> float:
 @pytest.mark.parametrize(("gpu", "model", "tp"), [("H100", "llama-3.1-70b", 4), ("A100", "llama-3.1-70b", 8),
                                                   ("H100", M8, 1)])  # fmt: skip
 def test_clock_above_power_limited_clock_changes_no_prefill_coefficient(gpu: str, model: str, tp: int) -> None:
-    f_max, f_pl = tables.max_clock_mhz(gpu), tables.power_limited_clock_mhz(gpu)
+    f_max, f_pl = tables.max_clock_mhz(gpu), fleet.power_limited_clock_mhz(gpu)
     top = step_coefficients(model, gpu, tp, "bf16", f_max)
     for f in (f_pl, 0.5 * (f_pl + f_max), 0.85 * f_max):
         if f < f_pl:
@@ -85,7 +86,7 @@ def test_clock_above_power_limited_clock_changes_no_prefill_coefficient(gpu: str
 
 
 def test_power_limited_clock_is_the_measured_h200_figure() -> None:
-    h100 = tables.POWER_LIMITED_CLOCK_MHZ[tables.GpuType.H100]
+    h100 = fleet.POWER_LIMITED_CLOCK_MHZ[fleet.GpuType.H100]
     assert h100.value == 1579.0 and "gpu_calibration_h200.json" in h100.source
     assert h100.provenance == Provenance.MODELED  # measured on an H200, transferred to the H100
     assert clock.compute_clock_mhz("H100", 1980.0) == 1579.0

@@ -16,6 +16,7 @@ from schemas.fleet import (
     GpuType,
     Precision,
     Site,
+    power_limited_clock_mhz,
 )  # fmt: skip
 from schemas.models import model_spec
 from schemas.plan import BatchAdmission, Ordering, Plan, Routing
@@ -26,7 +27,7 @@ from worldmodel.groundtruth.reconfigure import reload_replica
 from worldmodel.groundtruth.scaler import log_event, start_replica
 from worldmodel.groundtruth.state import TEL_DT
 from worldmodel.physics import node_overhead_w, step_coefficients
-from worldmodel.physics.tables import gpu_spec, power_limited_clock_mhz
+from worldmodel.physics.tables import gpu_spec
 
 MODELS = ("llama-3.1-8b", "llama-3.1-70b")
 _ROUTING = {

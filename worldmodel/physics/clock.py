@@ -2,7 +2,7 @@
 
 The step coefficients are calibrated on engines running at their default clocks, where a compute-bound GPU is
 already held below its maximum clock by its power limit (the project's H200: bf16 prefill at 1,579 of 1,980
-MHz, SW power cap; tables.POWER_LIMITED_CLOCK_MHZ). A coefficient c becomes c x factor at a locked clock f:
+MHz, SW power cap; schemas.fleet.POWER_LIMITED_CLOCK_MHZ). A coefficient c becomes c x factor at a locked clock f:
 
 * compute-bound prefill terms (per_prefill_token_s, per_prefill_attn_s): factor = f_pl / min(f, f_pl), with
   f_pl the GPU's power-limited clock. A clock target at or above f_pl changes nothing; below it prefill time
@@ -17,9 +17,8 @@ MHz, SW power cap; tables.POWER_LIMITED_CLOCK_MHZ). A coefficient c becomes c x 
 
 from __future__ import annotations
 
-from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType
+from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType, power_limited_clock_mhz
 from schemas.provenance import Provenance, Tagged
-from worldmodel.physics.tables import power_limited_clock_mhz
 
 PREFILL_CLOCK_EXPONENT = Tagged(
     1.0, "1", Provenance.MODELED, "compute-bound; Splitwise 70% power cap -> prefill 1.30x (REFERENCES.md)"

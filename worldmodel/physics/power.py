@@ -7,7 +7,7 @@ Per GPU, over a telemetry interval in which the replica spends `prefill_share` o
                                + decode_share x a_dec(u, n) x (f / f_max) ** gamma]
 
 * A_PREFILL = 0.99 (measured): the project's H200 drew 693 W (bf16) / 694 W (fp8) of its 700 W limit in 8k-token
-  prefill, with the clock pulled down to f_pl by the power limit (tables.POWER_LIMITED_CLOCK_MHZ); Splitwise
+  prefill, with the clock pulled down to f_pl by the power limit (schemas.fleet.POWER_LIMITED_CLOCK_MHZ); Splitwise
   A100 peak power reaches 0.98-1.09 x TDP in every configuration. A clock target above f_pl changes nothing.
 * a_dec(u, n) = DEC_0 + DEC_BW x u + DEC_BATCH x min(1, log2(n) / 8), clipped to [0, A_PREFILL] (fitted; the
   power limit caps it, and the fit's points span u = 0.17-0.62, so higher u is an extrapolation): u is the
@@ -32,9 +32,9 @@ from typing import Protocol
 
 import numpy as np
 
-from schemas.fleet import GPUS_PER_NODE
+from schemas.fleet import GPUS_PER_NODE, power_limited_clock_mhz
 from schemas.provenance import Provenance, Tagged
-from worldmodel.physics.tables import gpu_spec, max_clock_mhz, power_limited_clock_mhz
+from worldmodel.physics.tables import gpu_spec, max_clock_mhz
 
 CLOCK_POWER_EXPONENT = Tagged(
     2.2, "1", Provenance.MODELED, "P_dyn ~ f V^2, V tracking f over the upper DVFS range; typical 2-2.5"

@@ -70,28 +70,6 @@ GPUS: dict[GpuType, GpuSpec] = {
 #: Fraction of GPU memory the engine may use (vLLM gpu_memory_utilization default).
 GPU_MEMORY_UTILIZATION = 0.9
 
-#: Clock a busy GPU holds in compute-bound (prefill) work under its default power limit (MHz). Measured on the
-#: project's H200: bf16 prefill of 8k tokens held 1,579 MHz (1,515-1,665) of its 1,980 MHz maximum at 693 W of
-#: its 700 W limit, clock-event reason 0x4 = SW power cap (fp8 prefill: 1,739 MHz at 694 W).
-POWER_LIMITED_CLOCK_MHZ: dict[GpuType, Tagged] = {
-    GpuType.H100: Tagged(
-        1579.0,
-        "MHz",
-        Provenance.MODELED,
-        "measured H200 bf16 prefill clock (benchmarks/results/gpu_calibration_h200.json) transferred to H100 SXM: "
-        "same die, SM count, 1,980 MHz maximum and 700 W limit; under equal caps H100 does slightly better than "
-        "H200 on compute-bound DGEMM (arXiv 2604.11391), so this is at most slightly low",
-    ),
-    GpuType.A100: Tagged(
-        round(1410.0 * 1579.0 / 1980.0),
-        "MHz",
-        Provenance.MODELED,
-        "the H200's measured power-limited share of its maximum clock (1,579 / 1,980 = 0.80) applied to the "
-        "A100's 1,410 MHz; Splitwise A100 runs with prefill reach 0.98-1.09 x TDP peak power (REFERENCES.md), "
-        "i.e. A100 prefill is at its power limit too; no measured A100 clock",
-    ),
-}
-
 # Cold start of one replica, from the autoscaler's decision to a ready engine (s). FROZEN 2026-12-01 before any
 # aurelius run under the new ground truth, and not revisited to suit a result; docs/physics.md has the sources.
 # A replica is a vLLM pod on a Kubernetes node the site already owns (no node provisioning) whose image is
@@ -287,8 +265,3 @@ def weights_load_s(model: str, tp: int, precision: str) -> float:
     del tp
     weights = model_spec(model).weight_bytes(Precision(precision))
     return POD_START_S.value + weights / WEIGHT_FETCH_BYTES_PER_S.value + ENGINE_INIT_S.value
-
-
-def power_limited_clock_mhz(gpu: str) -> float:
-    """The clock (MHz) a busy GPU holds in compute-bound work under its default power limit."""
-    return POWER_LIMITED_CLOCK_MHZ[GpuType(gpu)].value

@@ -1,0 +1,87 @@
+"""The planner's horizon (worldmodel/horizon.py): a plan held over several periods, the fleet carried between them.
+
+A release (ceilings cut to one replica under light load) against holding the fleet: the horizon predicts the
+release's replicas falling and its GPU-hours and cost below the hold's over the periods after the first, and the
+ground truth, serving a light hour under the same two plans, realizes the same direction."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import polars as pl
+import pytest
+
+from optimizer.registry import create
+from schemas.cost import CostConfig
+from schemas.fleet import default_fleet
+from schemas.plan import Plan
+from schemas.policy import History, Observations, Policy, PolicyContext
+from streams.replay.driver import run_replay
+from streams.replay.metrics import summarize
+from streams.workload.builder import build_workload
+from tests.worldmodel.test_forward import _forecast, _plan
+from tests.worldmodel.test_forward import world as world  # noqa: F401 - the fixture
+from worldmodel.forward import ForwardModel
+from worldmodel.horizon import HorizonSpec, rollout
+from worldmodel.servingmodel import ServingModel
+
+
+def _hold_and_release(plan: Plan, live: int) -> tuple[Plan, Plan]:
+    """The fleet held at `live` replicas per pool (no autoscaling) and released to at most one replica per pool."""
+    hold = replace(plan.with_pools(tuple(replace(p, replica_floor=live, replica_ceiling=live) for p in plan.pools)),
+                   autoscale=False, label="hold")  # fmt: skip
+    release = replace(plan.with_pools(tuple(replace(p, replica_floor=0, replica_ceiling=1) for p in plan.pools)),
+                      label="release")  # fmt: skip
+    return hold, release
+
+
+def test_a_release_predicted_over_the_horizon(world) -> None:  # noqa: ANN001, F811
+    _, snap = world  # 4 warm replicas per pool
+    fm = ForwardModel(ServingModel(), CostConfig())
+    light = tuple(replace(_forecast(scale=0.05), period_start=snap.as_of + timedelta(minutes=5 * k))
+                  for k in range(12))  # fmt: skip
+    hold, release = _hold_and_release(_plan(n70=4, n8=4), 4)
+    spec = HorizonSpec(fine=3, block=3, periods=12)
+    h_hold = rollout(fm.evaluate, snap, hold, light, spec)
+    h_rel = rollout(fm.evaluate, snap, release, light, spec)
+    assert [n for _, n, _ in h_rel.steps] == [1, 1, 1, 3, 3, 3]
+    # the cut ceilings bind at once and carry through every step; the held fleet stays at 8 replicas
+    assert all(sum(o.pool_replicas.values()) <= 2 for _, _, o in h_rel.steps)
+    assert all(sum(o.pool_replicas.values()) == 8 for _, _, o in h_hold.steps)
+    assert h_rel.total.gpu_hours < h_hold.total.gpu_hours
+    assert h_rel.total.cost_usd < h_hold.total.cost_usd
+    assert h_rel.total.gp_per_dollar > h_hold.total.gp_per_dollar
+
+
+class _Fixed(Policy):
+    """Serves one plan for the whole window: production's pools with floors and ceilings from `shape`."""
+
+    def __init__(self, shape: str, live: int) -> None:
+        self.name, self.shape, self.live = shape, shape, live
+        self._plan: Plan | None = None
+
+    def start(self, ctx: PolicyContext, history: History) -> Plan:
+        hold, release = _hold_and_release(create("production").start(ctx, history), self.live)
+        self._plan = hold if self.shape == "hold" else release
+        return self._plan
+
+    def plan(self, obs: Observations) -> Plan:
+        assert self._plan is not None
+        return self._plan
+
+
+@pytest.mark.slow
+def test_the_ground_truth_realizes_the_release_in_the_same_direction() -> None:
+    wl = build_workload("PJM", 2023, periods=6, seed=0)
+    light = wl.requests.filter(pl.col("request_id").hash(7) % 50 == 0)  # 2 % of the arrivals: a light hour
+    wl = replace(wl, requests=light)
+    fleet = default_fleet(("PJM",))
+    live = {(s.name, m, g.gpu): 4 for s in fleet.sites for g in s.groups for m in ("llama-3.1-70b", "llama-3.1-8b")}
+    out = {}
+    for shape in ("hold", "release"):
+        run = run_replay(wl, _Fixed(shape, 4), fleet, period_s=300.0, initial_replicas=live)
+        out[shape] = summarize(run)
+    assert out["release"]["gpu_hours"] < out["hold"]["gpu_hours"]
+    assert out["release"]["cost_usd"] < out["hold"]["cost_usd"]
+    assert out["release"]["gp_per_dollar"] > out["hold"]["gp_per_dollar"]
