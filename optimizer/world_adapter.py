@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
+from functools import partial
 
 import polars as pl
 
@@ -161,7 +162,8 @@ class WorldStateModel:
                 in_force: Plan | None = None, running: Plan | None = None) -> Callable[[Plan], Horizon]:
         """Per plan, its predicted path over the horizon (worldmodel/horizon.py) from the state as of `as_of`."""
         fm, start = self._forward(as_of, in_force, running)
-        return lambda plan: rollout(fm.evaluate, start(plan), plan, forecasts, spec)
+        point = partial(fm.evaluate, scenarios=("point",))
+        return lambda plan: rollout(fm.evaluate, start(plan), plan, forecasts, spec, later=point)
 
     def _forward(self, as_of: datetime, in_force: Plan | None,
                  running: Plan | None) -> tuple[ForwardModel, Callable[[Plan], FleetSnapshot]]:

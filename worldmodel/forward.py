@@ -86,7 +86,8 @@ class ForwardModel:
         self.unobserved_precision_risk = unobserved_precision_risk
         self.site_markets = dict(site_markets) if site_markets is not None else default_site_markets()
 
-    def evaluate(self, snapshot: FleetSnapshot, plan: Plan, forecast: DisturbanceForecast) -> PredictedOutcome:
+    def evaluate(self, snapshot: FleetSnapshot, plan: Plan, forecast: DisturbanceForecast,
+                 scenarios: tuple[str, ...] = _SCENARIOS) -> PredictedOutcome:
         """Predict one period's outcome of `plan` from `snapshot` under `forecast` (pure: reads only).
 
         Parameters
@@ -94,6 +95,8 @@ class ForwardModel:
         snapshot : frozen state at the period start.
         plan : the candidate plan.
         forecast : disturbances of the period (arrival rates with intervals, sizes, price).
+        scenarios : the demand scenarios evaluated ("point" first; ("point",) alone: no spread, the point
+            figures stand for the bounds, as the horizon's later steps use it).
 
         Returns
         -------
@@ -108,10 +111,10 @@ class ForwardModel:
         sm_hi = self.serving_model.with_corrections(hi_corr)
         results = {
             s: self._scenario(sm_hi if s in ("hi80", "hi95") else sm, snapshot, plan, forecast, pools, s)
-            for s in _SCENARIOS
+            for s in scenarios
         }
         point = results["point"]
-        hi = results["hi95"]
+        hi = results.get("hi95", point)
         classes = tuple(
             ClassOutcome(
                 c.request_class,

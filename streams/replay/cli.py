@@ -19,6 +19,7 @@ import logging.handlers
 import multiprocessing
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
@@ -379,7 +380,7 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
                    initial, intercept=audit.intercept if audit else None)  # fmt: skip
         summary = summarize(res)
         summary["seed"] = job.seed
-        summary.update(_decision_stats(res))
+        summary.update(_decision_stats(res, args.period_minutes * 60.0))
         if name in REFERENCE_POLICIES:
             refs[name] = res
             summaries[name] = summary
@@ -406,7 +407,7 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
                                      start_from=window["g_star"]["reference"])  # fmt: skip
         summary = summarize(res)
         summary["seed"] = job.seed
-        summary.update(_decision_stats(res))
+        summary.update(_decision_stats(res, args.period_minutes * 60.0))
         summaries[HINDSIGHT] = summary
         summary["hindsight"] = {"oracle": True, "deployable": False, **settings.describe(), "g_star": gstar,
                                 "check": hindsight_check(summaries, args.cost_basis), "choices": choices}  # fmt: skip
@@ -458,7 +459,7 @@ def _outcome(
     res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config, initial)
     summary = summarize(res)
     summary["seed"] = job.seed
-    summary.update(_decision_stats(res))
+    summary.update(_decision_stats(res, args.period_minutes * 60.0))
     if args.emit_observations and res.observations is not None:
         emit_observations(Path(args.out) / "observations" / job.key / name / f"seed{job.seed}", res)
     return Outcome(name, summary, _frames(res, job.key), res.decisions, window)
@@ -526,7 +527,7 @@ def _audit(store: Any, decisions: list[dict[str, Any]], seed: int) -> None:
     store.flush()
 
 
-def _decision_stats(res: RunResult) -> dict[str, Any]:
+def _decision_stats(res: RunResult, period_s: float) -> dict[str, Any]:
     recs = res.decisions
     # the decision's own latency (observe -> decide, the regret audit excluded) where the policy records it
     own = [r["decision_ms"] for r in recs if r.get("decision_ms") is not None]
@@ -534,15 +535,27 @@ def _decision_stats(res: RunResult) -> dict[str, Any]:
     cpu = [r["decision_cpu_ms"] for r in recs if r.get("decision_cpu_ms") is not None]
     regrets = [r["regret"] for r in recs if r.get("regret") is not None]
     evals = [r["candidates_evaluated"] for r in recs if r.get("candidates_evaluated") is not None]
+    # decisions that serve arrivals (periods 1 .. the last arrival's), and why those fell back, by kind
+    last = arrival_periods(res.runtime.req.arrival, period_s)
+    inside = [r for r in recs if 1 <= r.get("period_index", 0) < last]
+    kinds = Counter(_reason_kind(r.get("fallback_reason") or "") for r in inside if r.get("fallback"))
     return {
         "decisions": len(ms),
         "fallbacks": sum(1 for r in recs if r.get("fallback")),
+        "in_window_decisions": len(inside),
+        "in_window_fallbacks": dict(sorted(kinds.items())),
         "evals_per_decision_median": statistics.median(evals) if evals else None,
         "regret_mean": float(np.mean(regrets)) if regrets else None,
         "regret_zero_share": float(np.mean([r <= 1e-12 for r in regrets])) if regrets else None,
         "decision_ms_p95": float(np.percentile(ms, 95)) if ms else None,
         "decision_cpu_ms_p95": float(np.percentile(cpu, 95)) if cpu else None,
     }
+
+
+def _reason_kind(reason: str) -> str:
+    """A fallback reason's kind: its text before the first colon ("pareto", "no candidate passed the hard gates
+    (best", "start", ...), the detail dropped."""
+    return reason.split(":", 1)[0].removesuffix(" (best")
 
 
 def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -563,6 +576,11 @@ def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     for k in ("gp_per_dollar", "gp_per_dollar_owned"):
         out[f"{k}_min"] = min(s[k] for s in per_seed)
         out[f"{k}_max"] = max(s[k] for s in per_seed)
+    if "in_window_fallbacks" in first:  # summed over the seeds, by kind
+        kinds: Counter[str] = Counter()
+        for s in per_seed:
+            kinds.update(s.get("in_window_fallbacks", {}))
+        out["in_window_fallbacks"] = dict(sorted(kinds.items()))
     if any("realized_regret" in s for s in per_seed):  # pooled over the seeds' audited decisions
         pooled = [v for s in per_seed for v in s.get("realized_regret", {}).get("values", [])]
         out["realized_regret"] = regret_stats(pooled)
