@@ -130,6 +130,7 @@ def main() -> None:
     if args.write_margins:
         write_margins(dict(kv.split("=", 1) for kv in args.write_margins.split(",")))
         return
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rows = []
     for m in args.markets.split(","):
         t = time.perf_counter()
@@ -140,8 +141,7 @@ def main() -> None:
     for lever, s in table.items():
         print(f"{lever:<22}{s['n']:>4}{s['sign_agreement']:>7.2f}{s['realized_mean']:>9.3f}{s['predicted_mean']:>9.3f}"
               f"{s['error_p50']:>9.3f}{s['error_p80']:>9.3f}{s['abs_error_p80']:>9.3f}")
-    if args.out:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if args.out:  # the commit the measurement started at
         with open(args.out, "w") as f:
             json.dump({"commit": commit, "config": vars(args), "levers": table, "rows": rows}, f, indent=1)
 

@@ -117,3 +117,17 @@ def test_milp_swap_budget_limits_change_and_shortfall_is_reported():
 def test_milp_infeasible_swap_returns_none():
     # 10 warm replicas on an 8-GPU inventory, swap budget 1: cannot get back inside the inventory
     assert size_capacity([pool("H100", 10, 3.0, prev=10, n_max=10)], {"m": 1.0}, INV, {}, {}, 1) is None
+
+
+def test_over_a_3h_horizon_work_is_held_across_the_spike_and_released_after_the_published_drop():
+    """36 five-minute periods: the (published) price stays at the spike's $4,000/MWh for 2 h, then falls to $70;
+    with a 3 h deadline slack the LP holds now, releases nothing during the spike and everything after the drop,
+    none of it late. With deadlines inside the spike it runs the work during the spike, in time."""
+    spike, low = 24, 12
+    fcs = [forecast(price=4000.0) for _ in range(spike)] + [forecast(price=70.0) for _ in range(low)]
+    s = plan_deferral(fcs, reference_plan(), ServingModel(), (3.0 * 3600.0,))
+    assert s is not None and s.admission() == BatchAdmission.HOLD
+    assert sum(s.release[:spike]) == pytest.approx(0.0, abs=1e-6)
+    assert sum(s.release[spike:]) > 0 and s.late == pytest.approx(0.0, abs=1e-6)
+    s = plan_deferral(fcs, reference_plan(), ServingModel(), (1800.0,))  # due within the spike
+    assert s is not None and sum(s.release[:spike]) > 0 and s.late == pytest.approx(0.0, abs=1e-6)
