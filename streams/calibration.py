@@ -127,8 +127,10 @@ class Calibration:
         return next(p for p in self.pools if (p.model, p.gpu) == (model, gpu))
 
     def physics(self, base: Physics | None = None) -> Physics:
-        """`base` (default Physics()) with these corrections in place of its own."""
-        return replace(base or Physics(), corrections=tuple(p.corrections() for p in self.pools))
+        """`base` (default Physics()) with these corrections in place of its own, every node at speed 1.0: the
+        pool factors already hold the recorded fleet's mean node speed (keeping the simulator's hidden
+        per-node variation would count it twice; the per-node fits stay a diagnostic)."""
+        return replace(base or Physics(), corrections=tuple(p.corrections() for p in self.pools), node_speed=1.0)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able report: per pool the factors with tag, n, standard error and residual RMS."""

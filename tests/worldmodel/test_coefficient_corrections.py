@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from schemas.fleet import DEFAULT_TP, GpuType
+from schemas.fleet import DEFAULT_TP, GpuType, default_fleet
 from worldmodel.groundtruth import state as st
-from worldmodel.groundtruth.runtime import CoefficientCorrections, Physics, coef_row
+from worldmodel.groundtruth.runtime import CoefficientCorrections, Physics, _hardware, coef_row
 from worldmodel.physics import step_coefficients
 
 CONFIGS = [
@@ -58,3 +58,12 @@ def test_a_correction_reaches_only_the_pools_it_names():
 def test_a_non_positive_factor_is_refused():
     with pytest.raises(ValueError, match="must be > 0"):
         coef_row("llama-3.1-8b", "H100", 1, "bf16", 1980.0, Physics(corrections=(CoefficientCorrections(0.0),)))
+
+
+def test_a_set_node_speed_replaces_the_hidden_variation() -> None:
+    """Physics.node_speed: every node at that multiplier (a calibrated history's pool factors hold the mean node
+    speed); None keeps the hidden per-node variation of the fleet seed."""
+    sites = default_fleet(("PJM",)).sites
+    hidden = _hardware(sites, 7).node_speed
+    assert hidden.std() > 0.01 and ((hidden >= 0.85) & (hidden <= 1.15)).all()
+    assert (_hardware(sites, 7, 1.0).node_speed == 1.0).all()

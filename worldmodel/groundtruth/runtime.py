@@ -94,6 +94,10 @@ class Physics:
     #: coefficient corrections fitted to an operator's records, applied in order to the pools each matches;
     #: empty: the cited coefficients
     corrections: tuple[CoefficientCorrections, ...] = ()
+    #: every node's step-time multiplier (ratio); None: the hidden per-node variation (normal, sd 0.06, clipped to
+    #: 0.85-1.15, by fleet seed). An operator's calibrated history sets 1.0: its fitted pool factors already hold
+    #: the recorded fleet's mean node speed.
+    node_speed: float | None = None
 
 
 def coef_row(
@@ -130,7 +134,7 @@ def weight_read_s(model: str, gpu: str, tp: int, precision: str) -> float:
     return model_spec(model).weight_bytes(Precision(precision)) / tp / (gpu_spec(gpu).hbm_tb_s * 1e12)
 
 
-def _hardware(sites: tuple[Site, ...], fleet_seed: int) -> st.Hardware:
+def _hardware(sites: tuple[Site, ...], fleet_seed: int, node_speed: float | None = None) -> st.Hardware:
     g_type, g_node, g_site, node_type, node_site = [], [], [], [], []
     node = 0
     for s, site in enumerate(sites):
@@ -144,7 +148,7 @@ def _hardware(sites: tuple[Site, ...], fleet_seed: int) -> st.Hardware:
                     g_site.append(s)
                 node += 1
     rng = np.random.default_rng(fleet_seed)
-    speed = np.clip(rng.normal(1.0, 0.06, node), 0.85, 1.15)
+    speed = np.clip(rng.normal(1.0, 0.06, node), 0.85, 1.15) if node_speed is None else np.full(node, node_speed)
     i8 = np.int64
     return st.Hardware(
         np.array(g_type, i8),
@@ -210,7 +214,7 @@ class SiteRuntime:
         #: SLOs per request (s); inf where the class has none
         self.slo_ttft_s = requests["sla_ttft_ms"].fill_null(np.inf).to_numpy() / 1000.0
         self.slo_tpot_s = requests["sla_tpot_ms"].fill_null(np.inf).to_numpy() / 1000.0
-        self.hw = _hardware(self.sites, fleet_seed)
+        self.hw = _hardware(self.sites, fleet_seed, self.physics.node_speed)
         mdl_idx = {m: i for i, m in enumerate(MODELS)}
         #: pools as (site name, model, gpu type)
         self.pool_keys: list[tuple[str, str, str]] = [
