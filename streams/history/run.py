@@ -1,0 +1,346 @@
+"""`aurelius replay --history DIR | --from-topics BOOTSTRAP`: savings on an operator's own history.
+
+Reads and checks the records (`HistoryReport`), derives the fleet and the workload, fits the as-deployed
+autoscaler, then replays per seed: the two as-deployed forms (the recorded fleet imposed; the fitted
+reactive policy, the savings baseline), the references and the aurelius arms of --policies. Writes the same
+OUT/results.json, OUT/replay.duckdb and OUT/audit/ as the bundled replay (through `streams.replay.cli`'s
+writers), with `history` (the report, the range, the fit) and `fidelity` (simulated vs recorded) beside the
+savings: every arm's gp/$ gain over the fitted as-deployed policy on both cost bases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from schemas.fleet import FleetSpec
+from schemas.policy import Policy
+from streams.history import recorded
+from streams.history.checks import Records, check
+from streams.history.config import HistoryConfig, load_config
+from streams.history.fidelity import fidelity_table, print_fidelity, simulated_outcomes
+from streams.history.fit import (
+    FIT_HOURS,
+    RUNTIME_STABILIZATION_S,
+    AutoscalerFit,
+    RecordedFleetPolicy,
+    fit_autoscaler,
+    fitted_policy,
+    refine_target,
+)
+from streams.history.reader import RawHistory, read_directory, read_topics
+from streams.history.report import HistoryReport
+from streams.history.workload import build_history_workload, history, prices_for, replay_range
+from streams.replay.cli import (
+    BASES,
+    _aggregate,
+    _audit,
+    _audit_store,
+    _config,
+    _csv,
+    _decision_stats,
+    _frames,
+    _one,
+    _physics,
+    _reset_tables,
+    _store,
+    _strongest_reference,
+    emit_observations,
+    print_tables,
+)
+from streams.replay.driver import RunResult, run_replay
+from streams.replay.metrics import PROVENANCE, summarize
+from streams.replay.ruler import ruler_record
+from streams.workload.builder import Workload
+
+AS_DEPLOYED, IMPOSED = "as-deployed", "as-deployed-imposed"
+#: results.json provenance of the figures a history replay adds.
+HISTORY_PROVENANCE = {
+    "offered": "measured",
+    "fidelity.recorded": "measured (the operator's records)",
+    "fidelity.simulated": "modeled",
+    "history.fit": "fitted to measured replica counts",
+}
+
+
+def _utc(s: str | None) -> datetime | None:
+    return None if not s else datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+def read(args: argparse.Namespace, report: HistoryReport) -> RawHistory:
+    """The records of --history DIR or --from-topics (the range, and the 7 days before it, when given)."""
+    if args.from_topics:
+        start, end = _utc(args.history_start), _utc(args.history_end)
+        if start is None or end is None:
+            raise SystemExit("--from-topics needs --history-start and --history-end (ISO 8601 UTC)")
+        return read_topics(args.from_topics, start - timedelta(days=7), end, report)
+    return read_directory(args.history, report)
+
+
+def _market(records: Records, config: HistoryConfig) -> str:
+    if config.market:
+        return config.market
+    markets = records.prices["market"].unique().to_list()
+    if len(markets) != 1:
+        raise SystemExit(f"set `market` in --history-config: the price records name {markets or 'no market'}")
+    return str(markets[0])
+
+
+def _fit_record(fit: AutoscalerFit | None, report: HistoryReport) -> dict[str, Any] | None:
+    if fit is None:
+        report.add(
+            "fit",
+            "skipped",
+            "gpu_telemetry",
+            0,
+            "too few telemetry samples to fit the autoscaler: "
+            "as-deployed runs production's defaults (target 0.8, 300 s)",
+        )
+        return None
+    if fit.stabilization_s != RUNTIME_STABILIZATION_S:
+        report.add(
+            "fit",
+            "assumed",
+            "replay",
+            0,
+            f"fitted scale-down stabilization {fit.stabilization_s:.0f} s; the "
+            f"runtime's autoscaler keeps its {RUNTIME_STABILIZATION_S:.0f} s (reported, not applied)",
+        )
+    return {
+        "records_fit": {
+            "target": fit.target,
+            "stabilization_s": fit.stabilization_s,
+            "rmse_replicas": fit.rmse,
+            "samples": fit.samples,
+            "default_rmse_replicas": fit.default_rmse,
+        },
+        "refined": {"target": fit.refined_target, "gpu_hours_rel_error": fit.refine_error, "slice_hours": FIT_HOURS},
+        "applied": {"target": fit.applied_target, "stabilization_s": RUNTIME_STABILIZATION_S},
+    }
+
+
+def _refine(
+    fit: AutoscalerFit | None,
+    records: Records,
+    wl: Workload,
+    fleet: FleetSpec,
+    args: argparse.Namespace,
+    initial: dict[tuple[str, str, str], int],
+) -> AutoscalerFit | None:
+    """The records fit's target refined on the first `FIT_HOURS` of the range (see `streams.history.fit`)."""
+    if fit is None:
+        return None
+    stop_s = min(FIT_HOURS * 3600.0, (wl.window.end - wl.window.start).total_seconds())
+    upto = wl.window.start + timedelta(seconds=stop_s)
+    rec = recorded.recorded_outcomes(
+        replace(records, telemetry=records.telemetry.filter(pl.col("event_at") <= upto)), wl.window.start
+    ).gpu_hours
+    if rec <= 0:
+        return fit
+
+    def gpu_hours_at(target: float) -> float:
+        policy = fitted_policy(replace(fit, refined_target=target))
+        res = run_replay(
+            wl,
+            policy,
+            fleet,
+            period_s=args.period_minutes * 60.0,
+            physics=_physics(args),
+            initial_replicas=initial,
+            stop_at_s=stop_s,
+        )
+        return float(summarize(res)["gpu_hours"])
+
+    return refine_target(fit, gpu_hours_at, rec)
+
+
+def _arm(
+    name: str,
+    wl: Workload,
+    fleet: FleetSpec,
+    args: argparse.Namespace,
+    policies: dict[str, Policy],
+    initial: dict[tuple[str, str, str], int],
+    key: str,
+) -> RunResult:
+    """One arm on one seed's workload: an as-deployed form, else through the bundled replay's `_one`."""
+    if name in policies:
+        return run_replay(
+            wl,
+            policies[name],
+            fleet,
+            period_s=args.period_minutes * 60.0,
+            physics=_physics(args),
+            keep_observations=args.emit_observations,
+            initial_replicas=initial,
+        )
+    return _one(wl, name, fleet, args, _physics(args), key, wl.seed, False, None, initial)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command (module docstring)."""
+    t0 = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = HistoryReport()
+    config = load_config(args.history_config)
+    args.period_minutes, args.periods = config.period_minutes, None
+    period_s = config.period_minutes * 60.0
+    raw = read(args, report)
+    records = check(raw, config, report)
+    market = _market(records, config)
+    start, end = replay_range(records, period_s, _utc(args.history_start), _utc(args.history_end))
+    last = max(f["event_at"].max() for f in (records.telemetry, records.fleet_events, records.completions) if f.height)  # type: ignore[type-var]
+    spans = recorded.spans(records, start, max((last - start).total_seconds(), 0.0), report)
+    fleet = recorded.fleet(records, config, market, report)
+    fit = fit_autoscaler(records, spans)
+    periods = int(round((end - start).total_seconds() / period_s))
+    drain_periods = periods + int(24 * 3600 / period_s)
+    prices = prices_for(records, market, start - timedelta(days=7), end + timedelta(hours=24), report)
+    hist = history(records, start, prices, period_s, report)
+    fit = _refine(
+        fit,
+        records,
+        build_history_workload(records, config, market, start, end, 0, prices, hist, HistoryReport()),
+        fleet,
+        args,
+        spans.initial(),
+    )
+    fit_rec = _fit_record(fit, report)
+    policies = _csv(args.policies)
+    if "production-tuned" in policies:
+        policies.remove("production-tuned")
+        report.add(
+            "production_tuned",
+            "skipped",
+            "replay",
+            0,
+            "production-tuned is tuned on the bundled week before "
+            "the window; tuning on an operator's own week is not wired"
+            + ("" if hist.arrivals_per_minute.height else ", and the records hold no week before"),
+        )
+    arms = [AS_DEPLOYED, IMPOSED, *[p for p in policies if p not in (AS_DEPLOYED, IMPOSED)]]
+    own: dict[str, Policy] = {}
+    initial = spans.initial()
+    key = f"{market}@history"
+    db = duckdb.connect(str(out / "replay.duckdb"))
+    _reset_tables(db)
+    audit = _audit_store(out / "audit")
+    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
+    simulated = {}
+    timing: dict[str, float] = {}
+    for seed in (int(s) for s in _csv(args.seeds)):
+        wl = build_history_workload(records, config, market, start, end, seed, prices, hist, report)
+        for arm in arms:
+            own = {
+                AS_DEPLOYED: fitted_policy(fit),
+                IMPOSED: RecordedFleetPolicy(
+                    recorded.pool_templates(fleet, spans),
+                    spans.per_period(period_s, drain_periods),
+                    fit.applied_target if fit else 0.8,
+                ),
+            }
+            res = _arm(arm, wl, fleet, args, own, initial, key)
+            timing[f"{arm}@seed{seed}"] = res.wall_s
+            summary = summarize(res)
+            summary["seed"] = seed
+            summary.update(_decision_stats(res))
+            runs[arm].append(summary)
+            if seed == 0 and arm in own:
+                simulated[arm] = simulated_outcomes(res, summary["gpu_hours"])
+            if args.emit_observations and res.observations is not None:
+                emit_observations(out / "observations" / key / arm / f"seed{seed}", res)
+            _store(db, _frames(res, key))
+            _audit(audit, res.decisions, seed)
+    db.close()
+    window = {
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+        "rule": "history",
+        "mean_price_usd_mwh": wl.window.mean_price_usd_mwh,
+        "market": market,
+    }
+    market_rec: dict[str, Any] = {"window": window, "policies": {a: _aggregate(v) for a, v in runs.items()}}
+    _strongest_reference(market_rec)
+    base = market_rec["policies"][AS_DEPLOYED]
+    market_rec["gain_vs_as_deployed"] = {
+        a: {b: (p[k] - base[k]) / base[k] for b, k in BASES.items()}
+        for a, p in market_rec["policies"].items()
+        if a != AS_DEPLOYED
+    }
+    fidelity = fidelity_table(recorded.recorded_outcomes(records, start), simulated)
+    results = {
+        "schema_version": "1",
+        "config": _config(args, _physics(args)),
+        "ruler": ruler_record(_physics(args)),
+        "markets": {key: market_rec},
+        "provenance": {**PROVENANCE, **HISTORY_PROVENANCE},
+        "history": {
+            "report": report.as_dict(),
+            "range": window,
+            "fleet": _fleet_record(fleet),
+            "initial_replicas": {"|".join(k): v for k, v in initial.items()},
+            "fit": fit_rec,
+            "records": raw.records,
+            "read_s": raw.read_s,
+            "replay_wall_s": timing,
+            "total_s": time.perf_counter() - t0,
+        },
+        "fidelity": fidelity,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    _print(results, report, fidelity, args.cost_basis)
+    print(f"\nwrote {out / 'results.json'}, {out / 'replay.duckdb'} and {out / 'audit'}")
+    return 0
+
+
+def _fleet_record(fleet: FleetSpec) -> list[dict[str, Any]]:
+    return [
+        {
+            "site": s.name,
+            "market": s.market,
+            "power_cap_w": s.power_cap_w,
+            "nodes": {str(g.gpu): g.nodes for g in s.groups},
+        }
+        for s in fleet.sites
+    ]
+
+
+def _print(results: dict[str, Any], report: HistoryReport, fidelity: dict[str, Any], basis: str) -> None:
+    h = results["history"]
+    print(
+        f"history: {h['records']} records read in {h['read_s']:.2f} s; range {h['range']['start']} .. "
+        f"{h['range']['end']}"
+    )
+    for line in report.lines():
+        print("  " + line)
+    if h["fit"]:
+        f, r = h["fit"]["records_fit"], h["fit"]["refined"]
+        print(
+            f"fitted autoscaler: records fit target {f['target']:.2f}, stabilization {f['stabilization_s']:.0f} s "
+            f"(rmse {f['rmse_replicas']:.2f} replicas over {f['samples']} samples; "
+            f"defaults {f['default_rmse_replicas']:.2f})"
+            + (
+                f"; refined on the first {r['slice_hours']:.0f} h: target {r['target']:.3f} "
+                f"(GPU-hours {r['gpu_hours_rel_error']:.1%} off there)"
+                if r["target"] is not None
+                else ""
+            )
+        )
+    print_fidelity(fidelity)
+    print_tables(results, basis)
+    for m in results["markets"].values():
+        gains = ", ".join(
+            f"{a} {g['rented']:+.2%} rented / {g['owned']:+.2%} owned" for a, g in m["gain_vs_as_deployed"].items()
+        )
+        print(f"gain over as-deployed (gp/$): {gains}")
+    if not fidelity["within_bounds"]:
+        print("WARNING: the as-deployed replay is outside the fidelity bounds; read the savings with the table above")
