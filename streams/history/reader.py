@@ -159,7 +159,7 @@ def read_topics(
     settings: KafkaClientSettings | None = None,
 ) -> RawHistory:
     """Read the input topics' records whose Kafka timestamp (the event time `aurelius publish` and the
-    producers set) lies in [start, end), from each partition's earliest offset up to its end offset at the
+    producers set) lies in [start, end) (prices: from start on, for the drain), from each partition's earliest offset up to its end offset at the
     start of the read; no consumer group, nothing committed.
 
     Parameters
@@ -208,7 +208,7 @@ async def _consume(
             for tp, msgs in batch.items():
                 kind = by_topic[tp.topic]
                 for m in msgs:
-                    if lo <= m.timestamp < hi:
+                    if lo <= m.timestamp and (m.timestamp < hi or kind == "price"):  # prices: the drain's too
                         out[kind].append(json.loads(m.value))
                 if msgs and msgs[-1].offset + 1 >= ends[tp]:
                     left.discard(tp)
