@@ -81,6 +81,7 @@ def _history_flags(p: argparse.ArgumentParser) -> None:
                    "examples/history.toml)")
     p.add_argument("--history-start", default=None, help="replay range start, ISO 8601 UTC (earlier records: history)")
     p.add_argument("--history-end", default=None, help="replay range end, ISO 8601 UTC")
+    p.add_argument("--history-topic-prefix", default="aurelius.", help="topic prefix with --from-topics")
 
 
 def build_parser() -> argparse.ArgumentParser:

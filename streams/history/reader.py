@@ -159,8 +159,8 @@ def read_topics(
     settings: KafkaClientSettings | None = None,
 ) -> RawHistory:
     """Read the input topics' records whose Kafka timestamp (the event time `aurelius publish` and the
-    producers set) lies in [start, end) (prices: from start on, for the drain), from each partition's earliest offset up to its end offset at the
-    start of the read; no consumer group, nothing committed.
+    producers set) lies in [start, end) (prices: from start on, for the drain), from each partition's
+    earliest offset up to its end offset at the start of the read; no consumer group, nothing committed.
 
     Parameters
     ----------
@@ -198,7 +198,8 @@ async def _consume(
     )
     out: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
     try:
-        tps = [TopicPartition(t, p) for t in by_topic for p in sorted(await consumer.partitions_for_topic(t) or ())]
+        await consumer.topics()  # the cluster's metadata: partitions_for_topic reads it
+        tps = [TopicPartition(t, p) for t in by_topic for p in sorted(consumer.partitions_for_topic(t) or ())]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)

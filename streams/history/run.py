@@ -22,7 +22,9 @@ import duckdb
 import polars as pl
 
 from schemas.fleet import FleetSpec
+from schemas.kafka_client import settings_from_args
 from schemas.policy import Policy
+from schemas.topics import Topics
 from streams.history import recorded
 from streams.history.checks import Records, check
 from streams.history.config import HistoryConfig, load_config
@@ -81,7 +83,8 @@ def read(args: argparse.Namespace, report: HistoryReport) -> RawHistory:
         start, end = _utc(args.history_start), _utc(args.history_end)
         if start is None or end is None:
             raise SystemExit("--from-topics needs --history-start and --history-end (ISO 8601 UTC)")
-        return read_topics(args.from_topics, start - timedelta(days=7), end, report)
+        topics = Topics(prefix=args.history_topic_prefix)
+        return read_topics(args.from_topics, start - timedelta(days=7), end, report, topics, settings_from_args(args))
     return read_directory(args.history, report)
 
 

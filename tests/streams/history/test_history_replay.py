@@ -6,8 +6,9 @@ under production. Replayed from those records under production, it must give the
 
 from __future__ import annotations
 
+import asyncio
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,15 @@ import pytest
 from optimizer.registry import create
 from schemas.plan import Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
+from schemas.topics import Topics
 from streams.cli import main
 from streams.history import recorded
 from streams.history.checks import Records, check
 from streams.history.config import load_config
-from streams.history.reader import RawHistory, read_directory
+from streams.history.reader import RawHistory, read_directory, read_topics
 from streams.history.report import HistoryReport
 from streams.history.workload import build_history_workload, history, prices_for, replay_range
+from streams.publish import load_directory, publish
 from streams.replay.driver import run_replay
 
 pytestmark = pytest.mark.slow  # the module fixture runs two replays
@@ -39,8 +42,21 @@ A100 = 8
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A simulator-generated history (observations under production) and the original run's results."""
     d = tmp_path_factory.mktemp("generated")
-    argv = ["replay", "--markets", "PJM", "--periods", "3", "--policies", "production", "--emit-observations",
-            "--out", str(d), "--no-progress", "--jobs", "1"]  # fmt: skip
+    argv = [
+        "replay",
+        "--markets",
+        "PJM",
+        "--periods",
+        "3",
+        "--policies",
+        "production",
+        "--emit-observations",
+        "--out",
+        str(d),
+        "--no-progress",
+        "--jobs",
+        "1",
+    ]
     assert main(argv) == 0
     (d / "history.toml").write_text(CONFIG)
     return d
@@ -49,8 +65,18 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def replayed(generated: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("replayed")
-    argv = ["replay", "--history", str(generated / "observations"), "--history-config", str(generated / "history.toml"),
-            "--policies", "production", "--out", str(out), "--no-progress"]  # fmt: skip
+    argv = [
+        "replay",
+        "--history",
+        str(generated / "observations"),
+        "--history-config",
+        str(generated / "history.toml"),
+        "--policies",
+        "production",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     assert (out / "replay.duckdb").exists()
     return json.loads((out / "results.json").read_text())
@@ -108,8 +134,9 @@ def test_no_output_size_before_its_completion(generated: Path) -> None:
     cfg = load_config(generated / "history.toml")
     start, end = replay_range(records, 300.0)
     prices = prices_for(records, "PJM", start - timedelta(days=7), end + timedelta(hours=24), report)
-    wl = build_history_workload(records, cfg, "PJM", start, end, 0, prices, history(records, start, prices, 300.0,
-                                report), report)  # fmt: skip
+    wl = build_history_workload(
+        records, cfg, "PJM", start, end, 0, prices, history(records, start, prices, 300.0, report), report
+    )
     spans = recorded.spans(records, start, 10800.0, report)
     spy = _Spy()
     fleet = recorded.fleet(records, cfg, "PJM", report)
@@ -136,8 +163,12 @@ def _one(directory: Path, check_name: str, **frames: pl.DataFrame) -> list[Any]:
 def test_duplicates_reported(generated: Path) -> None:
     raw = read_directory(generated / "observations", HistoryReport()).frames
     arr, tel = raw["request_arrival"], raw["gpu_telemetry"]
-    entries = _one(generated / "observations", "duplicates", request_arrival=pl.concat([arr, arr.head(10)]),
-                   gpu_telemetry=pl.concat([tel, tel.tail(5)]))  # fmt: skip
+    entries = _one(
+        generated / "observations",
+        "duplicates",
+        request_arrival=pl.concat([arr, arr.head(10)]),
+        gpu_telemetry=pl.concat([tel, tel.tail(5)]),
+    )
     assert {(e.kind, e.count) for e in entries} == {("request_arrival", 10), ("gpu_telemetry", 5)}
 
 
@@ -154,8 +185,9 @@ def test_arrivals_without_completions_reported(generated: Path) -> None:
     start, end = replay_range(records, 300.0)
     cfg = load_config(generated / "history.toml")
     prices = prices_for(records, "PJM", start - timedelta(days=7), end + timedelta(hours=24), report)
-    wl = build_history_workload(records, cfg, "PJM", start, end, 0, prices, history(records, start, prices, 300.0,
-                                report), report)  # fmt: skip
+    wl = build_history_workload(
+        records, cfg, "PJM", start, end, 0, prices, history(records, start, prices, 300.0, report), report
+    )
     assert wl.requests.height == raw["request_arrival"].height  # none dropped: the output size assumed
     (e,) = [e for e in report.find("arrival_without_completion") if e.action == "assumed"]
     assert e.count == 4
@@ -169,8 +201,12 @@ def test_unknown_gpu_type_reported(generated: Path) -> None:
     odd_ev = (
         pl.when(pl.col("gpu_type") == "A100").then(pl.lit("MI300X")).otherwise(pl.col("gpu_type")).alias("gpu_type")
     )
-    entries = _one(generated / "observations", "unknown_gpu_type", gpu_telemetry=tel.with_columns(odd),
-                   fleet_event=ev.with_columns(odd_ev))  # fmt: skip
+    entries = _one(
+        generated / "observations",
+        "unknown_gpu_type",
+        gpu_telemetry=tel.with_columns(odd),
+        fleet_event=ev.with_columns(odd_ev),
+    )
     kinds = {e.kind: e for e in entries}
     assert kinds["gpu_telemetry"].count == tel.filter(pl.col("hostname") == host).height
     assert kinds["fleet_event"].count == ev.filter(pl.col("gpu_type") == "A100").height
@@ -215,3 +251,44 @@ def test_seed_noise_keeps_seed_zero_exact(generated: Path) -> None:
     assert (w1.requests["arrival_s"] != w0.requests["arrival_s"]).any()
     assert sorted(w1.requests["output_tokens"]) == sorted(w0.requests["output_tokens"])  # shuffled, not drawn
     assert w1.requests["output_tokens"].to_list() != w0.requests["output_tokens"].to_list()
+
+
+@pytest.mark.kafka
+def test_from_topics_same_records_and_outcomes(
+    generated: Path, kafka_bootstrap: str, topic_prefix_factory: Any, tmp_path: Path
+) -> None:
+    """The history published to the input topics reads back record for record, and replays as from the dump."""
+    topics = Topics(prefix=topic_prefix_factory())
+    records = load_directory(generated / "observations")
+    assert asyncio.run(publish(records, kafka_bootstrap, topics, speedup=0)) == sum(map(len, records.values()))
+    window = json.loads((generated / "results.json").read_text())["markets"]["PJM"]["window"]
+    start, end = (datetime.fromisoformat(window[k]) for k in ("start", "end"))
+    raw = read_topics(kafka_bootstrap, start - timedelta(days=7), end + timedelta(hours=1), HistoryReport(), topics)
+    dump = read_directory(generated / "observations", HistoryReport())
+    for kind, frame in dump.frames.items():
+        assert raw.frames[kind].sort(pl.all()).equals(frame.sort(pl.all())), kind
+    out = tmp_path / "topics"
+    argv = [
+        "replay",
+        "--from-topics",
+        kafka_bootstrap,
+        "--history-topic-prefix",
+        topics.prefix,
+        "--history-start",
+        window["start"],
+        "--history-end",
+        window["end"],
+        "--history-config",
+        str(generated / "history.toml"),
+        "--policies",
+        "production",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    original = json.loads((generated / "results.json").read_text())["markets"]["PJM"]["policies"]["production"]
+    again = json.loads((out / "results.json").read_text())["markets"]["PJM@history"]["policies"]["production"]
+    assert {c: v["sla_met"] for c, v in again["classes"].items()} == {
+        c: v["sla_met"] for c, v in original["classes"].items()
+    }
