@@ -40,6 +40,7 @@ from streams.history.fit import (
 )
 from streams.history.reader import RawHistory, read_directory, read_topics
 from streams.history.report import HistoryReport
+from streams.history.savings import daily_gains, per_day
 from streams.history.workload import build_history_workload, history, prices_for, replay_range
 from streams.replay.cli import (
     BASES,
@@ -256,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
             summary = summarize(res)
             summary["seed"] = seed
             summary.update(_decision_stats(res))
+            summary["per_day"] = per_day(res, (end - start).total_seconds())
             runs[arm].append(summary)
             if seed == 0 and arm in own:
                 simulated[arm] = simulated_outcomes(res, summary["gpu_hours"])
@@ -279,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
         for a, p in market_rec["policies"].items()
         if a != AS_DEPLOYED
     }
+    market_rec["per_day"] = daily_gains(runs, AS_DEPLOYED)
     fidelity = fidelity_table(recorded.recorded_outcomes(records, start), simulated)
     results = {
         "schema_version": "1",
@@ -345,5 +348,9 @@ def _print(results: dict[str, Any], report: HistoryReport, fidelity: dict[str, A
             f"{a} {g['rented']:+.2%} rented / {g['owned']:+.2%} owned" for a, g in m["gain_vs_as_deployed"].items()
         )
         print(f"gain over as-deployed (gp/$): {gains}")
+        if len(m["per_day"][AS_DEPLOYED]) > 1:
+            for arm, days in m["per_day"].items():
+                cells = ", ".join(f"{d['day']} {d['gain_vs_as_deployed']['rented']:+.2%}" for d in days)
+                print(f"  per day, {arm} (rented): {cells}")
     if not fidelity["within_bounds"]:
         print("WARNING: the as-deployed replay is outside the fidelity bounds; read the savings with the table above")
