@@ -10,6 +10,9 @@
    (`streams.history.checks.check`), timed apart.
 3. Replay: `aurelius replay --history DIR --policies POLICIES` in this process (seed 0): wall time end to
    end and each arm's replay time from results.json (the as-deployed target refinement is in the total).
+4. With `--kafka BOOTSTRAP` (or `--kafka tansu`: a local in-memory Tansu broker): the history published to
+   fresh topics (`aurelius publish`'s producer, flat out; not timed as a target), then read back with
+   `streams.history.reader.read_topics` into frames: records/s (the issue's target: >= 50k records/s).
 
 Wall times stretch when other work shares the cores; the 1-minute load average is printed at start.
 """
@@ -91,11 +94,51 @@ def replay(directory: Path, out: Path, policies: str) -> dict[str, object]:
     return {"replay_total_s": total, "arms_s": h["replay_wall_s"]}
 
 
+def topics(directory: Path, bootstrap: str) -> dict[str, float]:
+    """Publish the history to fresh topics on `bootstrap` ("tansu": start one), then time reading it back."""
+    import asyncio
+    import uuid
+    from datetime import timedelta
+
+    from schemas.timestamps import ts_from_wire
+    from schemas.topics import Topics
+    from streams import broker
+    from streams.history.reader import read_topics
+    from streams.history.report import HistoryReport
+    from streams.publish import load_directory, publish
+
+    proc = broker.start_tansu(port := broker.free_port()) if bootstrap == "tansu" else None
+    address = f"127.0.0.1:{port}" if proc is not None else bootstrap
+    try:
+        t = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
+        records = load_directory(directory)
+        t0 = time.perf_counter()
+        n = asyncio.run(publish(records, address, t, speedup=0))
+        publish_s = time.perf_counter() - t0
+        first = min(r["event_at"] for r in records["request_arrival"])
+        start = ts_from_wire(first) - timedelta(days=7)
+        t1 = time.perf_counter()
+        raw = read_topics(address, start, start + timedelta(days=30), HistoryReport(), t)
+        read_s = time.perf_counter() - t1
+    finally:
+        if proc is not None:
+            broker.stop(proc)
+    return {
+        "published": float(n),
+        "publish_s": publish_s,
+        "read": float(raw.records),
+        "read_s": read_s,
+        "records_per_s": raw.records / read_s,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hours", type=float, default=3.0, help="hours of history to generate (24: ~4M requests)")
     ap.add_argument("--policies", default="production,naive", help="arms beside the two as-deployed forms")
     ap.add_argument("--dir", default=None, help="keep the generated history and the output here")
+    ap.add_argument("--kafka", default=None, metavar="BOOTSTRAP", help="also time reading from topics ('tansu')")
+    ap.add_argument("--skip-replay", action="store_true", help="generate and read only")
     args = ap.parse_args()
     print(f"load average (1 min) at start: {os.getloadavg()[0]:.2f}")
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="history_bench_"))
@@ -108,6 +151,14 @@ def main() -> None:
         f"read {r['records']:.0f} records in {r['read_s']:.2f} s ({r['records_per_s']:,.0f} records/s); "
         f"checks {r['check_s']:.2f} s ({r['read_and_check_records_per_s']:,.0f} records/s read and checked)"
     )
+    if args.kafka:
+        k = topics(hist, args.kafka)
+        print(
+            f"topics: published {k['published']:.0f} records in {k['publish_s']:.1f} s; read {k['read']:.0f} back "
+            f"in {k['read_s']:.2f} s ({k['records_per_s']:,.0f} records/s)"
+        )
+    if args.skip_replay:
+        return
     p = replay(hist, root / "out", args.policies)
     print(f"history replay ({args.policies} + as-deployed, as-deployed-imposed; seed 0): {p['replay_total_s']:.1f} s")
     for arm, s in p["arms_s"].items():  # type: ignore[union-attr]

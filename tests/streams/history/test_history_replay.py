@@ -292,3 +292,29 @@ def test_from_topics_same_records_and_outcomes(
     assert {c: v["sla_met"] for c, v in again["classes"].items()} == {
         c: v["sla_met"] for c, v in original["classes"].items()
     }
+
+
+def test_foreign_producer_through_field_map(tmp_path: Path) -> None:
+    """A DCGM exporter dump (`dcgm.jsonl`) is mapped onto gpu_telemetry and folded per GPU sample; a line the
+    field map cannot map is dropped with a report entry."""
+    labels = {
+        "gpu": "0",
+        "UUID": "GPU-1",
+        "modelName": "NVIDIA H100 80GB HBM3",
+        "Hostname": "node-1",
+        "pod": "llama70b-0",
+        "site": "site-pjm",
+    }
+    lines = [
+        {"timestamp": "2023-04-21T18:00:10Z", "value": "512.5", "name": "DCGM_FI_DEV_POWER_USAGE", "labels": labels},
+        {"timestamp": "2023-04-21T18:00:10Z", "value": "87", "name": "DCGM_FI_DEV_GPU_UTIL", "labels": labels},
+        {"timestamp": "2023-04-21T18:00:10Z", "value": "1", "name": "NOT_A_METRIC", "labels": labels},
+    ]
+    (tmp_path / "dcgm.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    report = HistoryReport()
+    tel = read_directory(tmp_path, report).frames["gpu_telemetry"]
+    assert tel.height == 1
+    row = tel.row(0, named=True)
+    assert (row["DCGM_FI_DEV_POWER_USAGE"], row["DCGM_FI_DEV_GPU_UTIL"], row["hostname"]) == (512.5, 87.0, "node-1")
+    dropped = [e for e in report.find("field_map") if e.action == "dropped"]
+    assert [(e.kind, e.count) for e in dropped] == [("gpu_telemetry", 1)]
