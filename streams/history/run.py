@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,14 @@ import polars as pl
 
 from schemas.fleet import FleetSpec
 from schemas.kafka_client import settings_from_args
-from schemas.policy import Policy
+from schemas.policy import History, Policy
 from schemas.topics import Topics
 from streams.history import recorded
 from streams.history.checks import Records, check
 from streams.history.config import HistoryConfig, load_config
 from streams.history.fidelity import fidelity_table, print_fidelity, simulated_outcomes
 from streams.history.fit import (
+    DEFAULT_TARGET,
     FIT_HOURS,
     RUNTIME_STABILIZATION_S,
     AutoscalerFit,
@@ -131,34 +133,69 @@ def _fit_record(fit: AutoscalerFit | None, report: HistoryReport) -> dict[str, A
     }
 
 
-def _refine(
-    fit: AutoscalerFit | None,
-    records: Records,
-    wl: Workload,
-    fleet: FleetSpec,
-    args: argparse.Namespace,
-    initial: dict[tuple[str, str, str], int],
-) -> AutoscalerFit | None:
+@dataclass(frozen=True)
+class Prepared:
+    """Everything the arms share: checked records, range, recorded fleet and spans, prices, history, the fit."""
+
+    records: Records
+    config: HistoryConfig
+    market: str
+    start: datetime
+    end: datetime
+    spans: recorded.Spans
+    fleet: FleetSpec
+    prices: pl.DataFrame
+    hist: History
+    fit: AutoscalerFit | None
+
+    @property
+    def initial(self) -> dict[tuple[str, str, str], int]:
+        """Replicas per pool at the range start, as recorded."""
+        return self.spans.initial()
+
+    def workload(self, seed: int, report: HistoryReport) -> Workload:
+        """One seed's workload (`streams.history.workload`)."""
+        return build_history_workload(
+            self.records, self.config, self.market, self.start, self.end, seed, self.prices, self.hist, report
+        )
+
+
+def prepare(args: argparse.Namespace, config: HistoryConfig, raw: RawHistory, report: HistoryReport) -> Prepared:
+    """Check the records and derive what every arm shares; the fit refined on the seed-0 workload."""
+    period_s = config.period_minutes * 60.0
+    records = check(raw, config, report)
+    market = _market(records, config)
+    start, end = replay_range(records, period_s, _utc(args.history_start), _utc(args.history_end))
+    last = max(f["event_at"].max() for f in (records.telemetry, records.fleet_events, records.completions) if f.height)  # type: ignore[type-var]
+    spans = recorded.spans(records, start, max((last - start).total_seconds(), 0.0), report)
+    fleet = recorded.fleet(records, config, market, report)
+    prices = prices_for(records, market, start - timedelta(days=7), end + timedelta(hours=24), report)
+    hist = history(records, start, prices, period_s, report)
+    prep = Prepared(records, config, market, start, end, spans, fleet, prices, hist, fit_autoscaler(records, spans))
+    return replace(prep, fit=_refine(prep, args))
+
+
+def _refine(prep: Prepared, args: argparse.Namespace) -> AutoscalerFit | None:
     """The records fit's target refined on the first `FIT_HOURS` of the range (see `streams.history.fit`)."""
-    if fit is None:
+    if prep.fit is None:
         return None
-    stop_s = min(FIT_HOURS * 3600.0, (wl.window.end - wl.window.start).total_seconds())
-    upto = wl.window.start + timedelta(seconds=stop_s)
-    rec = recorded.recorded_outcomes(
-        replace(records, telemetry=records.telemetry.filter(pl.col("event_at") <= upto)), wl.window.start
-    ).gpu_hours
+    fit = prep.fit
+    wl = prep.workload(0, HistoryReport())
+    stop_s = min(FIT_HOURS * 3600.0, (prep.end - prep.start).total_seconds())
+    upto = prep.start + timedelta(seconds=stop_s)
+    sliced = replace(prep.records, telemetry=prep.records.telemetry.filter(pl.col("event_at") <= upto))
+    rec = recorded.recorded_outcomes(sliced, prep.start).gpu_hours
     if rec <= 0:
         return fit
 
     def gpu_hours_at(target: float) -> float:
-        policy = fitted_policy(replace(fit, refined_target=target))
         res = run_replay(
             wl,
-            policy,
-            fleet,
+            fitted_policy(replace(fit, refined_target=target)),
+            prep.fleet,
             period_s=args.period_minutes * 60.0,
             physics=_physics(args),
-            initial_replicas=initial,
+            initial_replicas=prep.initial,
             stop_at_s=stop_s,
         )
         return float(summarize(res)["gpu_hours"])
@@ -166,27 +203,47 @@ def _refine(
     return refine_target(fit, gpu_hours_at, rec)
 
 
+def _as_deployed(prep: Prepared, period_s: float) -> Callable[[], dict[str, Policy]]:
+    """A factory of fresh as-deployed policies (one pair per run), the recorded bounds computed once."""
+    templates = recorded.pool_templates(prep.fleet, prep.spans)
+    periods = int(round((prep.end - prep.start).total_seconds() / period_s)) + int(24 * 3600 / period_s)
+    bounds = prep.spans.per_period(period_s, periods)  # the range and a day of drain
+    target = prep.fit.applied_target if prep.fit else DEFAULT_TARGET
+    return lambda: {AS_DEPLOYED: fitted_policy(prep.fit), IMPOSED: RecordedFleetPolicy(templates, bounds, target)}
+
+
 def _arm(
-    name: str,
-    wl: Workload,
-    fleet: FleetSpec,
-    args: argparse.Namespace,
-    policies: dict[str, Policy],
-    initial: dict[tuple[str, str, str], int],
-    key: str,
+    name: str, wl: Workload, prep: Prepared, args: argparse.Namespace, own: dict[str, Policy], key: str
 ) -> RunResult:
     """One arm on one seed's workload: an as-deployed form, else through the bundled replay's `_one`."""
-    if name in policies:
+    if name in own:
         return run_replay(
             wl,
-            policies[name],
-            fleet,
+            own[name],
+            prep.fleet,
             period_s=args.period_minutes * 60.0,
             physics=_physics(args),
             keep_observations=args.emit_observations,
-            initial_replicas=initial,
+            initial_replicas=prep.initial,
         )
-    return _one(wl, name, fleet, args, _physics(args), key, wl.seed, False, None, initial)
+    return _one(wl, name, prep.fleet, args, _physics(args), key, wl.seed, False, None, prep.initial)
+
+
+def _arms(args: argparse.Namespace, prep: Prepared, report: HistoryReport) -> list[str]:
+    """The as-deployed forms first, then --policies (production-tuned skipped, with a report entry)."""
+    policies = [p for p in _csv(args.policies) if p not in (AS_DEPLOYED, IMPOSED)]
+    if "production-tuned" in policies:
+        policies.remove("production-tuned")
+        week = "" if prep.hist.arrivals_per_minute.height else ", and the records hold no week before"
+        report.add(
+            "production_tuned",
+            "skipped",
+            "replay",
+            0,
+            "production-tuned is tuned on the bundled week "
+            f"before the window; tuning on an operator's own week is not wired{week}",
+        )
+    return [AS_DEPLOYED, IMPOSED, *policies]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,67 +254,30 @@ def run(args: argparse.Namespace) -> int:
     report = HistoryReport()
     config = load_config(args.history_config)
     args.period_minutes, args.periods = config.period_minutes, None
-    period_s = config.period_minutes * 60.0
+    period_s = args.period_minutes * 60.0
     raw = read(args, report)
-    records = check(raw, config, report)
-    market = _market(records, config)
-    start, end = replay_range(records, period_s, _utc(args.history_start), _utc(args.history_end))
-    last = max(f["event_at"].max() for f in (records.telemetry, records.fleet_events, records.completions) if f.height)  # type: ignore[type-var]
-    spans = recorded.spans(records, start, max((last - start).total_seconds(), 0.0), report)
-    fleet = recorded.fleet(records, config, market, report)
-    fit = fit_autoscaler(records, spans)
-    periods = int(round((end - start).total_seconds() / period_s))
-    drain_periods = periods + int(24 * 3600 / period_s)
-    prices = prices_for(records, market, start - timedelta(days=7), end + timedelta(hours=24), report)
-    hist = history(records, start, prices, period_s, report)
-    fit = _refine(
-        fit,
-        records,
-        build_history_workload(records, config, market, start, end, 0, prices, hist, HistoryReport()),
-        fleet,
-        args,
-        spans.initial(),
-    )
-    fit_rec = _fit_record(fit, report)
-    policies = _csv(args.policies)
-    if "production-tuned" in policies:
-        policies.remove("production-tuned")
-        report.add(
-            "production_tuned",
-            "skipped",
-            "replay",
-            0,
-            "production-tuned is tuned on the bundled week before "
-            "the window; tuning on an operator's own week is not wired"
-            + ("" if hist.arrivals_per_minute.height else ", and the records hold no week before"),
-        )
-    arms = [AS_DEPLOYED, IMPOSED, *[p for p in policies if p not in (AS_DEPLOYED, IMPOSED)]]
-    own: dict[str, Policy] = {}
-    initial = spans.initial()
-    key = f"{market}@history"
+    prep = prepare(args, config, raw, report)
+    fit_rec = _fit_record(prep.fit, report)
+    arms = _arms(args, prep, report)
+    own_policies = _as_deployed(prep, period_s)
+    key = f"{prep.market}@history"
     db = duckdb.connect(str(out / "replay.duckdb"))
     _reset_tables(db)
     audit = _audit_store(out / "audit")
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     simulated = {}
     timing: dict[str, float] = {}
+    window_s = (prep.end - prep.start).total_seconds()
     for seed in (int(s) for s in _csv(args.seeds)):
-        wl = build_history_workload(records, config, market, start, end, seed, prices, hist, report)
+        wl = prep.workload(seed, report if seed == 0 else HistoryReport())  # the other seeds repeat seed 0's entries
         for arm in arms:
-            own = {
-                AS_DEPLOYED: fitted_policy(fit),
-                IMPOSED: RecordedFleetPolicy(
-                    recorded.pool_templates(fleet, spans),
-                    spans.per_period(period_s, drain_periods),
-                    fit.applied_target if fit else 0.8,
-                ),
-            }
-            res = _arm(arm, wl, fleet, args, own, initial, key)
+            own = own_policies()
+            res = _arm(arm, wl, prep, args, own, key)
             timing[f"{arm}@seed{seed}"] = res.wall_s
             summary = summarize(res)
             summary["seed"] = seed
             summary.update(_decision_stats(res))
-            summary["per_day"] = per_day(res, (end - start).total_seconds())
+            summary["per_day"] = per_day(res, window_s)
             runs[arm].append(summary)
             if seed == 0 and arm in own:
                 simulated[arm] = simulated_outcomes(res, summary["gpu_hours"])
@@ -267,11 +287,11 @@ def run(args: argparse.Namespace) -> int:
             _audit(audit, res.decisions, seed)
     db.close()
     window = {
-        "start": start.isoformat(),
-        "end": end.isoformat(),
+        "start": prep.start.isoformat(),
+        "end": prep.end.isoformat(),
         "rule": "history",
         "mean_price_usd_mwh": wl.window.mean_price_usd_mwh,
-        "market": market,
+        "market": prep.market,
     }
     market_rec: dict[str, Any] = {"window": window, "policies": {a: _aggregate(v) for a, v in runs.items()}}
     _strongest_reference(market_rec)
@@ -282,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         if a != AS_DEPLOYED
     }
     market_rec["per_day"] = daily_gains(runs, AS_DEPLOYED)
-    fidelity = fidelity_table(recorded.recorded_outcomes(records, start), simulated)
+    fidelity = fidelity_table(recorded.recorded_outcomes(prep.records, prep.start), simulated)
     results = {
         "schema_version": "1",
         "config": _config(args, _physics(args)),
@@ -292,8 +312,8 @@ def run(args: argparse.Namespace) -> int:
         "history": {
             "report": report.as_dict(),
             "range": window,
-            "fleet": _fleet_record(fleet),
-            "initial_replicas": {"|".join(k): v for k, v in initial.items()},
+            "fleet": _fleet_record(prep.fleet),
+            "initial_replicas": {"|".join(k): v for k, v in prep.initial.items()},
             "fit": fit_rec,
             "records": raw.records,
             "read_s": raw.read_s,
