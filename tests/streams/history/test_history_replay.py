@@ -318,3 +318,23 @@ def test_foreign_producer_through_field_map(tmp_path: Path) -> None:
     assert (row["DCGM_FI_DEV_POWER_USAGE"], row["DCGM_FI_DEV_GPU_UTIL"], row["hostname"]) == (512.5, 87.0, "node-1")
     dropped = [e for e in report.find("field_map") if e.action == "dropped"]
     assert [(e.kind, e.count) for e in dropped] == [("gpu_telemetry", 1)]
+
+
+def test_history_aggregates_from_records_before_the_range(generated: Path) -> None:
+    """Records before --history-start become the week's aggregates (per-minute arrivals, size quantiles), and
+    the report says how much of the 7 days they cover; arrivals before the start are not replayed."""
+    report = HistoryReport()
+    records = _records(generated / "observations", report)
+    first = records.arrivals["event_at"].min()
+    start, end = replay_range(records, 300.0, start=first.replace(microsecond=0) + timedelta(minutes=10))
+    prices = prices_for(records, "PJM", start - timedelta(days=7), end + timedelta(hours=24), report)
+    hist = history(records, start, prices, 300.0, report)
+    before = records.arrivals.filter(pl.col("event_at") < start).height
+    assert hist.arrivals_per_minute["requests"].sum() == before > 0
+    assert hist.size_quantiles["output_tokens_p50"].drop_nulls().len() > 0
+    (e,) = report.find("history")
+    assert e.action == "assumed" and e.count == before and "0.01 of the 7 days" in e.why
+    wl = build_history_workload(
+        records, load_config(generated / "history.toml"), "PJM", start, end, 0, prices, hist, report
+    )
+    assert wl.requests.height == records.arrivals.height - before
