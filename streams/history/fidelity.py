@@ -2,7 +2,8 @@
 
 Rows: GPU-hours and GPU energy (telemetry-measured on both sides, `streams.history.recorded`), and per class
 the violation rate and TTFT/TPOT p50/p99. Flags (the estimate's stated bounds): energy of either as-deployed
-form, or the fitted policy's GPU-hours, more than `BOUND` off the recorded figure. The imposed form's
+form, or the fitted policy's GPU-hours, more than `BOUND` off the recorded figure; a class's violation rate
+more than `VIOLATION_BOUND_PP` off under either form. The imposed form's
 GPU-hours match by construction (up to the period bounds), so it is judged on latency, violations, energy.
 """
 
@@ -21,6 +22,8 @@ from worldmodel.groundtruth.state import TEL_DT
 
 #: Relative error beyond which energy or the fitted policy's GPU-hours are flagged.
 BOUND = 0.10
+#: Violation-rate difference (percentage points) beyond which a class is flagged (the issue's target).
+VIOLATION_BOUND_PP = 0.5
 
 
 def simulated_outcomes(run: RunResult, gpu_hours: float) -> Outcomes:
@@ -73,13 +76,23 @@ def fidelity_table(recorded: Outcomes, simulated: dict[str, Outcomes]) -> dict[s
                 "violation_pp": 100.0 * (s.violation_rate - rec.violation_rate),
             }
         arms[arm] = rows
+        for c in recorded.classes:
+            pp = rows.get(c, {}).get("violation_pp")
+            if pp is not None and abs(pp) > VIOLATION_BOUND_PP:
+                flags.append(f"{arm}: {c} violation rate {pp:+.2f} pp off the recorded (bound {VIOLATION_BOUND_PP} pp)")
         e = rows["gpu_energy_mwh"]["rel_error"]
         if e is not None and abs(e) > BOUND:
             flags.append(f"{arm}: GPU energy {e:+.1%} off the recorded figure (bound {BOUND:.0%})")
         g = rows["gpu_hours"]["rel_error"]
         if arm == "as-deployed" and g is not None and abs(g) > BOUND:
             flags.append(f"{arm}: GPU-hours {g:+.1%} off the recorded figure (bound {BOUND:.0%})")
-    return {"bound": BOUND, "arms": arms, "flags": flags, "within_bounds": not flags}
+    return {
+        "bound": BOUND,
+        "violation_bound_pp": VIOLATION_BOUND_PP,
+        "arms": arms,
+        "flags": flags,
+        "within_bounds": not flags,
+    }
 
 
 def print_fidelity(table: dict[str, Any]) -> None:
