@@ -1,22 +1,26 @@
 """Bad or incomplete history: each check drops, adjusts or assumes, and says so in the `HistoryReport`.
 
-Checks, in order: duplicate records (the first kept), unknown request classes and models, clock skew
-between topics (completions aligned to arrivals by request id; telemetry and fleet events by their
-producer-to-bus lag against the arrivals'), unknown GPU types, completions without arrivals, and gaps
-(no arrivals, or no telemetry, for longer than the configured span). Arrivals without a completion are
-handled where their output size is needed (`streams.history.workload`).
+Checks, in order: records missing a value their schema requires (dropped), duplicate records (the first
+kept), unknown request classes and models, clock skew between topics (completions aligned to arrivals by
+request id; telemetry and fleet events by their producer-to-bus lag against the arrivals'), unknown GPU
+types, completions without arrivals, and gaps (no arrivals, or no telemetry, for longer than the configured
+span). Arrivals without a completion are handled where their output size is needed
+(`streams.history.workload`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
+from types import NoneType, UnionType
+from typing import get_args, get_type_hints
 
 import numpy as np
 import polars as pl
 
 from schemas.fleet import GpuType
 from schemas.protocol import CLASSES, ModelName
+from schemas.records import RECORD_TYPES
 from streams.history.config import HistoryConfig
 from streams.history.reader import RawHistory
 from streams.history.report import HistoryReport
@@ -50,6 +54,50 @@ def gpu_type_of(name: pl.Expr) -> pl.Expr:
     out = pl.lit(None, dtype=pl.String)
     for g in GpuType:
         out = pl.when(name.str.to_uppercase().str.contains(g.value)).then(pl.lit(g.value)).otherwise(out)
+    return out
+
+
+#: Required arrival fields the workload fills when a producer leaves them out (`streams.history.workload`).
+DEFAULTED = {"request_arrival": ("tenant", "allowed_regions", "prefix_block_ids", "site")}
+
+
+def non_null_fields(kind: str) -> list[str]:
+    """The fields of `kind` that its typed record does not allow to be null.
+
+    >>> non_null_fields("gpu_telemetry")
+    ['event_at', 'arrived_at', 'site', 'hostname']
+    """
+    cls = RECORD_TYPES[kind]
+    hints = get_type_hints(cls)
+    return [f.name for f in fields(cls) if not (isinstance(h := hints[f.name], UnionType) and NoneType in get_args(h))]
+
+
+def _complete(kind: str, df: pl.DataFrame, report: HistoryReport) -> pl.DataFrame:
+    defaulted = DEFAULTED.get(kind, ())
+    nulls = {c: n for c in non_null_fields(kind) if (n := df[c].null_count())}
+    filled = {c: n for c, n in nulls.items() if c in defaulted}
+    if filled:
+        report.add(
+            "incomplete_records",
+            "assumed",
+            kind,
+            max(filled.values()),
+            f"records without {sorted(filled)}: tenant-<class>, every region, no prefix blocks, the fleet's site "
+            f"(nulls per field: {filled})",
+            nulls=filled,
+        )
+    nulls = {c: n for c, n in nulls.items() if c not in defaulted}
+    if not nulls:
+        return df
+    out = df.drop_nulls(subset=list(nulls))
+    report.add(
+        "incomplete_records",
+        "dropped",
+        kind,
+        df.height - out.height,
+        f"records without a value their schema requires (nulls per field: {nulls})",
+        nulls=nulls,
+    )
     return out
 
 
@@ -214,7 +262,7 @@ def _gaps(kind: str, times: pl.Series, gap_s: float, report: HistoryReport, assu
 
 def check(raw: RawHistory, config: HistoryConfig, report: HistoryReport) -> Records:
     """Run every check on the records as read; return the records the replay uses."""
-    f = {k: _dedupe(k, df, report) for k, df in raw.frames.items()}
+    f = {k: _dedupe(k, _complete(k, df, report), report) for k, df in raw.frames.items()}
     arr = _known(f["request_arrival"], report).sort("event_at", maintain_order=True)
     comp, tel, ev = _skew(
         arr, f["request_completion"], f["gpu_telemetry"], f["fleet_event"], config.skew_tolerance_s, report

@@ -338,3 +338,17 @@ def test_history_aggregates_from_records_before_the_range(generated: Path) -> No
         records, load_config(generated / "history.toml"), "PJM", start, end, 0, prices, hist, report
     )
     assert wl.requests.height == records.arrivals.height - before
+
+
+def test_incomplete_records_reported(generated: Path) -> None:
+    arr = read_directory(generated / "observations", HistoryReport()).frames["request_arrival"]
+    idx = pl.int_range(pl.len())
+    holes = arr.with_columns(
+        pl.when(idx < 3).then(None).otherwise(pl.col("input_tokens")).alias("input_tokens"),
+        pl.when((idx >= 10) & (idx < 12)).then(None).otherwise(pl.col("tenant")).alias("tenant"),
+    )
+    report = HistoryReport()
+    records = _records(generated / "observations", report, request_arrival=holes)
+    got = {(e.action, e.count) for e in report.find("incomplete_records")}
+    assert got == {("dropped", 3), ("assumed", 2)}
+    assert records.arrivals.height == arr.height - 3
