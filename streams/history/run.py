@@ -325,6 +325,10 @@ def run(args: argparse.Namespace) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     _print(results, report, fidelity, args.cost_basis)
     print(f"\nwrote {out / 'results.json'}, {out / 'replay.duckdb'} and {out / 'audit'}")
+    if getattr(args, "report", False):
+        from streams.report.page import build  # lazy, as in the bundled replay: altair loads only when asked
+
+        print(f"wrote {build(out)} and figures under {out / 'report' / 'figures'}")
     return 0
 
 
