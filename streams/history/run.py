@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -206,8 +207,8 @@ def _refine(prep: Prepared, args: argparse.Namespace) -> AutoscalerFit | None:
 def _as_deployed(prep: Prepared, period_s: float) -> Callable[[], dict[str, Policy]]:
     """A factory of fresh as-deployed policies (one pair per run), the recorded bounds computed once."""
     templates = recorded.pool_templates(prep.fleet, prep.spans)
-    periods = int(round((prep.end - prep.start).total_seconds() / period_s)) + int(24 * 3600 / period_s)
-    bounds = prep.spans.per_period(period_s, periods)  # the range and a day of drain
+    recorded_s = max(float(prep.spans.spans["end_s"].max() or 0.0), period_s)  # type: ignore[arg-type]
+    bounds = prep.spans.per_period(period_s, math.ceil(recorded_s / period_s))  # past the records: the last held
     target = prep.fit.applied_target if prep.fit else DEFAULT_TARGET
     return lambda: {AS_DEPLOYED: fitted_policy(prep.fit), IMPOSED: RecordedFleetPolicy(templates, bounds, target)}
 
