@@ -10,9 +10,12 @@ autoscaler (`ProductionPolicy(target=...)`); the runtime's stabilization is fixe
 a fitted window that differs is reported, not applied.
 
 The records do not show everything the runtime's trigger reads (the prefill share of a replica's time), so
-`refine_target` then replays the first `FIT_HOURS` of the range under `production` at candidate targets
-(bisection: GPU-hours fall as the target rises) and applies the target whose GPU-hours match the recorded
-ones there; the fidelity table judges the whole range, of which that slice is in-sample.
+`refine_target` then replays the first `FIT_HOURS` of the range under `production` at each target of
+`REFINE_GRID`, fits a non-increasing curve of GPU-hours over target to the replayed figures (least squares,
+pool-adjacent-violators: a higher target never needs more replicas, and pooling averages out the ground
+truth's run-to-run sensitivity, which makes single replays a noisy measure) and applies the target at which
+the curve, linearly interpolated, meets the recorded GPU-hours. The fidelity table judges the whole range,
+of which that span is in-sample.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ STABILIZATION_S = (0.0, 60.0, 150.0, 300.0, 600.0, 900.0)
 BAND, WAITING_PER_REPLICA, RUNTIME_STABILIZATION_S = 0.1, 5.0, 300.0
 DEFAULT_TARGET = 0.8
 #: Hours at the start of the range replayed to refine the target, and the bisection's steps.
-FIT_HOURS, REFINE_STEPS = 3.0, 7
+FIT_HOURS = 24.0
+REFINE_GRID = np.round(np.arange(0.50, 0.951, 0.05), 2)
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,11 @@ class AutoscalerFit:
     rmse: float
     samples: int
     default_rmse: float
-    #: the target applied after `refine_target` (None before), and its GPU-hours error on the slice (0-1)
+    #: the target applied after `refine_target` (None before), the replayed GPU-hours per grid target (h), and
+    #: the regression's residual (rms, relative to the recorded GPU-hours)
     refined_target: float | None = None
-    refine_error: float | None = None
+    refine_grid: tuple[tuple[float, float], ...] = ()
+    refine_rms: float | None = None
 
     @property
     def applied_target(self) -> float:
@@ -136,19 +142,39 @@ def fit_autoscaler(records: Records, spans: Spans) -> AutoscalerFit | None:
     return AutoscalerFit(float(t), float(s), float(np.sqrt(err / m)), m, float(np.sqrt(d_err / m)))
 
 
+def non_increasing(y: np.ndarray) -> np.ndarray:
+    """The least-squares non-increasing fit of `y` (pool adjacent violators).
+
+    >>> non_increasing(np.array([5.0, 3.0, 4.0, 1.0])).tolist()
+    [5.0, 3.5, 3.5, 1.0]
+    """
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in y:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            m2, n2 = blocks.pop()
+            m1, n1 = blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return np.concatenate([np.full(int(n), m) for m, n in blocks])
+
+
 def refine_target(
     fit: AutoscalerFit, gpu_hours_at: Callable[[float], float], recorded_gpu_hours: float
 ) -> AutoscalerFit:
-    """Bisect the target in [min(TARGETS), max(TARGETS)] so that `gpu_hours_at(target)` (the simulated
-    GPU-hours of the slice under production at that target) meets `recorded_gpu_hours`; keep the best seen."""
-    lo, hi = float(TARGETS[0]), float(TARGETS[-1])
-    best = (float("inf"), fit.target)
-    for _ in range(REFINE_STEPS):
-        mid = round((lo + hi) / 2, 3)
-        err = (gpu_hours_at(mid) - recorded_gpu_hours) / recorded_gpu_hours
-        best = min(best, (abs(err), mid))
-        lo, hi = (mid, hi) if err > 0 else (lo, mid)  # too many GPU-hours: a higher target scales less
-    return replace(fit, refined_target=best[1], refine_error=best[0])
+    """The target at which the non-increasing fit of `gpu_hours_at` over `REFINE_GRID` meets
+    `recorded_gpu_hours` (linear between grid targets; the grid's end when the records lie beyond it).
+
+    >>> f = AutoscalerFit(0.6, 300.0, 1.0, 10, 1.0)
+    >>> round(refine_target(f, lambda t: 40.0 + 80.0 / t, 140.0).applied_target, 3)
+    0.8
+    """
+    grid = tuple((float(t), float(gpu_hours_at(float(t)))) for t in REFINE_GRID)
+    t, g = np.array(grid).T
+    curve = non_increasing(g)
+    rms = float(np.sqrt(np.mean((curve - g) ** 2)) / recorded_gpu_hours)
+    # np.interp needs increasing x: the curve reversed is non-decreasing in GPU-hours
+    target = float(np.interp(recorded_gpu_hours, curve[::-1], t[::-1]))
+    return replace(fit, refined_target=round(target, 3), refine_grid=grid, refine_rms=rms)
 
 
 def fitted_policy(fit: AutoscalerFit | None) -> Policy:

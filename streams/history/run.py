@@ -129,7 +129,12 @@ def _fit_record(fit: AutoscalerFit | None, report: HistoryReport) -> dict[str, A
             "samples": fit.samples,
             "default_rmse_replicas": fit.default_rmse,
         },
-        "refined": {"target": fit.refined_target, "gpu_hours_rel_error": fit.refine_error, "slice_hours": FIT_HOURS},
+        "refined": {
+            "target": fit.refined_target,
+            "span_hours": FIT_HOURS,
+            "rms_rel": fit.refine_rms,
+            "gpu_hours_by_target": [{"target": t, "gpu_hours": g} for t, g in fit.refine_grid],
+        },
         "applied": {"target": fit.applied_target, "stabilization_s": RUNTIME_STABILIZATION_S},
     }
 
@@ -360,8 +365,8 @@ def _print(results: dict[str, Any], report: HistoryReport, fidelity: dict[str, A
             f"(rmse {f['rmse_replicas']:.2f} replicas over {f['samples']} samples; "
             f"defaults {f['default_rmse_replicas']:.2f})"
             + (
-                f"; refined on the first {r['slice_hours']:.0f} h: target {r['target']:.3f} "
-                f"(GPU-hours {r['gpu_hours_rel_error']:.1%} off there)"
+                f"; refined on up to {r['span_hours']:.0f} h of replays: target {r['target']:.3f} "
+                f"(non-increasing fit over {len(r['gpu_hours_by_target'])} targets, rms {r['rms_rel']:.1%})"
                 if r["target"] is not None
                 else ""
             )
