@@ -10,12 +10,13 @@ autoscaler (`ProductionPolicy(target=...)`); the runtime's stabilization is fixe
 a fitted window that differs is reported, not applied.
 
 The records do not show everything the runtime's trigger reads (the prefill share of a replica's time), so
-`refine_target` then replays the first `FIT_HOURS` of the range under `production` at each target of
-`REFINE_GRID`, fits a non-increasing curve of GPU-hours over target to the replayed figures (least squares,
-pool-adjacent-violators: a higher target never needs more replicas, and pooling averages out the ground
-truth's run-to-run sensitivity, which makes single replays a noisy measure) and applies the target at which
-the curve, linearly interpolated, meets the recorded GPU-hours. The fidelity table judges the whole range,
-of which that span is in-sample.
+`refine_target` then replays up to `FIT_HOURS` of the range under `production` at each target of
+`REFINE_GRID`, smooths the replayed GPU-hours (non-increasing in the target) and violation rate
+(non-decreasing) by least squares (pool adjacent violators: pooling averages out the ground truth's
+run-to-run sensitivity, which makes a single replay a noisy measure), and applies the target, on a 0.005
+grid between them, that brings both closest to the recorded figures, each error in units of the estimate's
+bounds (`GPU_HOURS_SCALE`, `VIOLATION_SCALE`). GPU-hours alone can be flat over a range of targets; the
+violation rate tells them apart. The fidelity table judges the whole range, of which that span is in-sample.
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ DEFAULT_TARGET = 0.8
 #: Hours at the start of the range replayed to refine the target, and the bisection's steps.
 FIT_HOURS = 24.0
 REFINE_GRID = np.round(np.arange(0.50, 0.951, 0.05), 2)
+#: Units of the refinement's two errors: GPU-hours relative (5%) and violation rate absolute (0.5 pp).
+GPU_HOURS_SCALE, VIOLATION_SCALE = 0.05, 0.005
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """What a replay, or the records, show over the fit's span: gpu_hours (h) and violation_rate (0-1) of the
+    requests judged."""
+
+    gpu_hours: float
+    violation_rate: float
 
 
 @dataclass(frozen=True)
@@ -53,11 +65,9 @@ class AutoscalerFit:
     rmse: float
     samples: int
     default_rmse: float
-    #: the target applied after `refine_target` (None before), the replayed GPU-hours per grid target (h), and
-    #: the regression's residual (rms, relative to the recorded GPU-hours)
+    #: the target applied after `refine_target` (None before), and per grid target what its replay showed
     refined_target: float | None = None
-    refine_grid: tuple[tuple[float, float], ...] = ()
-    refine_rms: float | None = None
+    refine_grid: tuple[tuple[float, Scaling], ...] = ()
 
     @property
     def applied_target(self) -> float:
@@ -158,23 +168,22 @@ def non_increasing(y: np.ndarray) -> np.ndarray:
     return np.concatenate([np.full(int(n), m) for m, n in blocks])
 
 
-def refine_target(
-    fit: AutoscalerFit, gpu_hours_at: Callable[[float], float], recorded_gpu_hours: float
-) -> AutoscalerFit:
-    """The target at which the non-increasing fit of `gpu_hours_at` over `REFINE_GRID` meets
-    `recorded_gpu_hours` (linear between grid targets; the grid's end when the records lie beyond it).
+def refine_target(fit: AutoscalerFit, replay_at: Callable[[float], Scaling], recorded: Scaling) -> AutoscalerFit:
+    """The target (module docstring) whose smoothed replayed GPU-hours and violation rate come closest to
+    `recorded`; `replay_at(target)` replays the fit's span at that target.
 
     >>> f = AutoscalerFit(0.6, 300.0, 1.0, 10, 1.0)
-    >>> round(refine_target(f, lambda t: 40.0 + 80.0 / t, 140.0).applied_target, 3)
+    >>> round(refine_target(f, lambda t: Scaling(40.0 + 80.0 / t, 0.1 * t), Scaling(140.0, 0.08)).applied_target, 3)
     0.8
     """
-    grid = tuple((float(t), float(gpu_hours_at(float(t)))) for t in REFINE_GRID)
-    t, g = np.array(grid).T
-    curve = non_increasing(g)
-    rms = float(np.sqrt(np.mean((curve - g) ** 2)) / recorded_gpu_hours)
-    # np.interp needs increasing x: the curve reversed is non-decreasing in GPU-hours
-    target = float(np.interp(recorded_gpu_hours, curve[::-1], t[::-1]))
-    return replace(fit, refined_target=round(target, 3), refine_grid=grid, refine_rms=rms)
+    grid = tuple((float(t), replay_at(float(t))) for t in REFINE_GRID)
+    t = np.array([x for x, _ in grid])
+    g = non_increasing(np.array([r.gpu_hours for _, r in grid]))
+    v = -non_increasing(-np.array([r.violation_rate for _, r in grid]))
+    fine = np.round(np.arange(t[0], t[-1] + 1e-9, 0.005), 3)
+    loss = ((np.interp(fine, t, g) / recorded.gpu_hours - 1.0) / GPU_HOURS_SCALE) ** 2
+    loss += ((np.interp(fine, t, v) - recorded.violation_rate) / VIOLATION_SCALE) ** 2
+    return replace(fit, refined_target=float(fine[int(np.argmin(loss))]), refine_grid=grid)
 
 
 def fitted_policy(fit: AutoscalerFit | None) -> Policy:

@@ -15,7 +15,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from streams.history.fit import (
     RUNTIME_STABILIZATION_S,
     AutoscalerFit,
     RecordedFleetPolicy,
+    Scaling,
     fit_autoscaler,
     fitted_policy,
     refine_target,
@@ -63,7 +64,7 @@ from streams.replay.cli import (
     print_tables,
 )
 from streams.replay.driver import RunResult, run_replay
-from streams.replay.metrics import PROVENANCE, summarize
+from streams.replay.metrics import PROVENANCE, request_outcomes, summarize
 from streams.replay.ruler import ruler_record
 from streams.workload.builder import Workload
 
@@ -132,8 +133,7 @@ def _fit_record(fit: AutoscalerFit | None, report: HistoryReport) -> dict[str, A
         "refined": {
             "target": fit.refined_target,
             "span_hours": FIT_HOURS,
-            "rms_rel": fit.refine_rms,
-            "gpu_hours_by_target": [{"target": t, "gpu_hours": g} for t, g in fit.refine_grid],
+            "by_target": [{"target": t, **asdict(r)} for t, r in fit.refine_grid],
         },
         "applied": {"target": fit.applied_target, "stabilization_s": RUNTIME_STABILIZATION_S},
     }
@@ -182,31 +182,46 @@ def prepare(args: argparse.Namespace, config: HistoryConfig, raw: RawHistory, re
 
 
 def _refine(prep: Prepared, args: argparse.Namespace) -> AutoscalerFit | None:
-    """The records fit's target refined on the first `FIT_HOURS` of the range (see `streams.history.fit`)."""
+    """The records fit's target refined by replays (see `streams.history.fit`): the whole range with its drain
+    when it spans at most `FIT_HOURS`, else its first `FIT_HOURS`, judged on the requests that arrived an hour
+    before that stop (later ones may be unfinished at it)."""
     if prep.fit is None:
         return None
     fit = prep.fit
-    wl = prep.workload(0, HistoryReport())
-    stop_s = min(FIT_HOURS * 3600.0, (prep.end - prep.start).total_seconds())
-    upto = prep.start + timedelta(seconds=stop_s)
-    sliced = replace(prep.records, telemetry=prep.records.telemetry.filter(pl.col("event_at") <= upto))
-    rec = recorded.recorded_outcomes(sliced, prep.start).gpu_hours
-    if rec <= 0:
+    span_s = (prep.end - prep.start).total_seconds()
+    stop_s = None if span_s <= FIT_HOURS * 3600.0 else FIT_HOURS * 3600.0
+    judged_s = span_s if stop_s is None else stop_s - 3600.0
+    records = prep.records
+    if stop_s is not None:
+        records = replace(
+            records, telemetry=records.telemetry.filter(pl.col("event_at") <= prep.start + timedelta(seconds=stop_s))
+        )
+    judged = replace(
+        records, arrivals=records.arrivals.filter(pl.col("event_at") < prep.start + timedelta(seconds=judged_s))
+    )
+    rec = recorded.recorded_outcomes(judged, prep.start)
+    offered = sum(c.offered for c in rec.classes.values())
+    if rec.gpu_hours <= 0 or offered == 0:
         return fit
+    target = Scaling(rec.gpu_hours, sum(c.offered * c.violation_rate for c in rec.classes.values()) / offered)
+    wl = prep.workload(0, HistoryReport())
+    period_s = args.period_minutes * 60.0
 
-    def gpu_hours_at(target: float) -> float:
+    def replay_at(target: float) -> Scaling:
         res = run_replay(
             wl,
             fitted_policy(replace(fit, refined_target=target)),
             prep.fleet,
-            period_s=args.period_minutes * 60.0,
+            period_s=period_s,
             physics=_physics(args),
             initial_replicas=prep.initial,
             stop_at_s=stop_s,
         )
-        return float(summarize(res)["gpu_hours"])
+        o = request_outcomes(res)
+        met = o["sla_met"][res.runtime.req.arrival < judged_s]
+        return Scaling(float(summarize(res)["gpu_hours"]), float(1.0 - met.mean()))
 
-    return refine_target(fit, gpu_hours_at, rec)
+    return refine_target(fit, replay_at, target)
 
 
 def _as_deployed(prep: Prepared, period_s: float) -> Callable[[], dict[str, Policy]]:
@@ -366,7 +381,7 @@ def _print(results: dict[str, Any], report: HistoryReport, fidelity: dict[str, A
             f"defaults {f['default_rmse_replicas']:.2f})"
             + (
                 f"; refined on up to {r['span_hours']:.0f} h of replays: target {r['target']:.3f} "
-                f"(non-increasing fit over {len(r['gpu_hours_by_target'])} targets, rms {r['rms_rel']:.1%})"
+                f"(GPU-hours and violation rate of {len(r['by_target'])} replayed targets)"
                 if r["target"] is not None
                 else ""
             )
