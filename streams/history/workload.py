@@ -275,6 +275,9 @@ def build_history_workload(
     period_s = config.period_minutes * 60.0
     sink = report if seed == 0 else HistoryReport()
     arr = records.arrivals.filter((pl.col("event_at") >= start) & (pl.col("event_at") < end))
+    after = records.arrivals.filter(pl.col("event_at") >= end).height
+    if after:
+        sink.add("range", "dropped", "request_arrival", after, f"arrivals at or after the replay range end {end}")
     df = _outputs(arr, records.completions, sink).with_columns(_seconds("event_at", start).alias("arrival_s"))
     df = _deadlines(_sla(df, config, sink), start, config, sink)
     df = _noise(df, seed, market, period_s).with_columns(
