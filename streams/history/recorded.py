@@ -106,13 +106,16 @@ def class_outcome(n: int, met: int, ttft_s: np.ndarray, tpot_s: np.ndarray) -> C
     )
 
 
-def recorded_outcomes(records: Records, start: datetime) -> Outcomes:
-    """The outcomes the records show from `start` on: telemetry GPU-hours and energy, per-class latencies
-    of the requests that arrived from `start` (records' own sla_met; no completion: a violation)."""
-    tel = records.telemetry.filter(pl.col("event_at") > start)
+def recorded_outcomes(records: Records, start: datetime, end: datetime | None = None) -> Outcomes:
+    """The outcomes the records show from `start` on: GPU-hours and energy of the per-GPU telemetry samples
+    (replica-level samples, gpu null, hold no GPU's figures), per-class latencies of the requests that
+    arrived in [start, end) (records' own sla_met; no completion: a violation)."""
+    tel = records.telemetry.filter((pl.col("event_at") > start) & pl.col("gpu").is_not_null())
     dt = _sample_interval_s(records.telemetry)
     power = tel["DCGM_FI_DEV_POWER_USAGE"].fill_null(0.0).to_numpy()
     arr = records.arrivals.filter(pl.col("event_at") >= start)
+    if end is not None:
+        arr = arr.filter(pl.col("event_at") < end)
     joined = arr.select("request_id", "request_class").join(
         records.completions.select("request_id", "ttft_s", "tpot_s", "sla_met", "output_tokens"),
         on="request_id",

@@ -323,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
         if a != AS_DEPLOYED
     }
     market_rec["per_day"] = daily_gains(runs, AS_DEPLOYED)
-    fidelity = fidelity_table(recorded.recorded_outcomes(prep.records, prep.start), simulated)
+    fidelity = fidelity_table(recorded.recorded_outcomes(prep.records, prep.start, prep.end), simulated)
     results = {
         "schema_version": "1",
         "config": _config(args, _physics(args)),
