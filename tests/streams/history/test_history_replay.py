@@ -16,8 +16,6 @@ import polars as pl
 import pytest
 
 from optimizer.registry import create
-from schemas.plan import Plan
-from schemas.policy import History, Observations, Policy, PolicyContext
 from schemas.topics import Topics
 from streams.cli import main
 from streams.history import recorded
@@ -28,6 +26,8 @@ from streams.history.report import HistoryReport
 from streams.history.workload import build_history_workload, history, prices_for, replay_range
 from streams.publish import load_directory, publish
 from streams.replay.driver import run_replay
+from streams.workload.builder import Workload
+from tests.worldmodel.test_groundtruth import Recording
 
 pytestmark = pytest.mark.slow  # the module fixture runs two replays
 
@@ -62,15 +62,13 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-@pytest.fixture(scope="module")
-def replayed(generated: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("replayed")
+def _replay(out: Path, config: Path, *source: str) -> dict[str, Any]:
+    """`aurelius replay` on a history source (flags), production only; its results.json."""
     argv = [
         "replay",
-        "--history",
-        str(generated / "observations"),
+        *source,
         "--history-config",
-        str(generated / "history.toml"),
+        str(config),
         "--policies",
         "production",
         "--out",
@@ -78,8 +76,15 @@ def replayed(generated: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
         "--no-progress",
     ]
     assert main(argv) == 0
-    assert (out / "replay.duckdb").exists()
     return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def replayed(generated: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("replayed")
+    results = _replay(out, generated / "history.toml", "--history", str(generated / "observations"))
+    assert (out / "replay.duckdb").exists()
+    return results
 
 
 def test_round_trip_same_outcomes(generated: Path, replayed: dict[str, Any]) -> None:
@@ -104,23 +109,6 @@ def test_report_in_results(replayed: dict[str, Any]) -> None:
     assert replayed["history"]["report"]["sources"]["request_arrival"]["records"] > 0
 
 
-class _Spy(Policy):
-    """Production, keeping every observation it is handed."""
-
-    name = "spy"
-
-    def __init__(self) -> None:
-        self.inner = create("production")
-        self.seen: list[Observations] = []
-
-    def start(self, ctx: PolicyContext, history: History) -> Plan:
-        return self.inner.start(ctx, history)
-
-    def plan(self, obs: Observations) -> Plan:
-        self.seen.append(obs)
-        return self.inner.plan(obs)
-
-
 def _records(directory: Path, report: HistoryReport | None = None, **frames: pl.DataFrame) -> Records:
     raw = read_directory(directory, report or HistoryReport())
     if frames:
@@ -128,17 +116,26 @@ def _records(directory: Path, report: HistoryReport | None = None, **frames: pl.
     return check(raw, load_config(directory.parent / "history.toml"), report or HistoryReport())
 
 
+def _workload(
+    directory: Path, records: Records, report: HistoryReport, seed: int = 0, start: datetime | None = None
+) -> Workload:
+    """The replay's workload of `records` (PJM, 5-minute periods), as `aurelius replay --history` builds it."""
+    lo, hi = replay_range(records, 300.0, start=start)
+    prices = prices_for(records, "PJM", lo - timedelta(days=7), hi + timedelta(hours=24), report)
+    hist = history(records, lo, prices, 300.0, report)
+    return build_history_workload(
+        records, load_config(directory.parent / "history.toml"), "PJM", lo, hi, seed, prices, hist, report
+    )
+
+
 def test_no_output_size_before_its_completion(generated: Path) -> None:
     report = HistoryReport()
     records = _records(generated / "observations", report)
+    wl = _workload(generated / "observations", records, report)
     cfg = load_config(generated / "history.toml")
-    start, end = replay_range(records, 300.0)
-    prices = prices_for(records, "PJM", start - timedelta(days=7), end + timedelta(hours=24), report)
-    wl = build_history_workload(
-        records, cfg, "PJM", start, end, 0, prices, history(records, start, prices, 300.0, report), report
-    )
+    start = wl.window.start
     spans = recorded.spans(records, start, 10800.0, report)
-    spy = _Spy()
+    spy = Recording(create("production"))
     fleet = recorded.fleet(records, cfg, "PJM", report)
     run_replay(wl, spy, fleet, period_s=300.0, initial_replicas=spans.initial())
     assert spy.seen
@@ -182,12 +179,7 @@ def test_arrivals_without_completions_reported(generated: Path) -> None:
     raw = read_directory(generated / "observations", HistoryReport()).frames
     report = HistoryReport()
     records = _records(generated / "observations", report, request_completion=raw["request_completion"].slice(4))
-    start, end = replay_range(records, 300.0)
-    cfg = load_config(generated / "history.toml")
-    prices = prices_for(records, "PJM", start - timedelta(days=7), end + timedelta(hours=24), report)
-    wl = build_history_workload(
-        records, cfg, "PJM", start, end, 0, prices, history(records, start, prices, 300.0, report), report
-    )
+    wl = _workload(generated / "observations", records, report)
     assert wl.requests.height == raw["request_arrival"].height  # none dropped: the output size assumed
     (e,) = [e for e in report.find("arrival_without_completion") if e.action == "assumed"]
     assert e.count == 4
@@ -240,11 +232,8 @@ def test_gaps_reported(generated: Path) -> None:
 def test_seed_noise_keeps_seed_zero_exact(generated: Path) -> None:
     report = HistoryReport()
     records = _records(generated / "observations", report)
-    cfg = load_config(generated / "history.toml")
-    start, end = replay_range(records, 300.0)
-    prices = prices_for(records, "PJM", start - timedelta(days=7), end + timedelta(hours=24), report)
-    hist = history(records, start, prices, 300.0, report)
-    w0, w1 = (build_history_workload(records, cfg, "PJM", start, end, s, prices, hist, report) for s in (0, 1))
+    w0, w1 = (_workload(generated / "observations", records, report, seed) for seed in (0, 1))
+    start = w0.window.start
     rec_s = (records.arrivals["event_at"] - start).dt.total_microseconds() / 1e6
     assert (w0.requests["arrival_s"] - rec_s).abs().max() < 1e-6  # seed 0: the records
     assert (w1.requests["arrival_s"].floor() == w0.requests["arrival_s"].floor()).all()  # each within its second
@@ -267,9 +256,7 @@ def test_from_topics_same_records_and_outcomes(
     dump = read_directory(generated / "observations", HistoryReport())
     for kind, frame in dump.frames.items():
         assert raw.frames[kind].sort(pl.all()).equals(frame.sort(pl.all())), kind
-    out = tmp_path / "topics"
-    argv = [
-        "replay",
+    source = [
         "--from-topics",
         kafka_bootstrap,
         "--history-topic-prefix",
@@ -278,17 +265,10 @@ def test_from_topics_same_records_and_outcomes(
         window["start"],
         "--history-end",
         window["end"],
-        "--history-config",
-        str(generated / "history.toml"),
-        "--policies",
-        "production",
-        "--out",
-        str(out),
-        "--no-progress",
     ]
-    assert main(argv) == 0
+    results = _replay(tmp_path / "topics", generated / "history.toml", *source)
     original = json.loads((generated / "results.json").read_text())["markets"]["PJM"]["policies"]["production"]
-    again = json.loads((out / "results.json").read_text())["markets"]["PJM@history"]["policies"]["production"]
+    again = results["markets"]["PJM@history"]["policies"]["production"]
     assert {c: v["sla_met"] for c, v in again["classes"].items()} == {
         c: v["sla_met"] for c, v in original["classes"].items()
     }
@@ -326,17 +306,15 @@ def test_history_aggregates_from_records_before_the_range(generated: Path) -> No
     report = HistoryReport()
     records = _records(generated / "observations", report)
     first = records.arrivals["event_at"].min()
-    start, end = replay_range(records, 300.0, start=first.replace(microsecond=0) + timedelta(minutes=10))
-    prices = prices_for(records, "PJM", start - timedelta(days=7), end + timedelta(hours=24), report)
-    hist = history(records, start, prices, 300.0, report)
+    wl = _workload(
+        generated / "observations", records, report, start=first.replace(microsecond=0) + timedelta(minutes=10)
+    )
+    start, hist = wl.window.start, wl.history
     before = records.arrivals.filter(pl.col("event_at") < start).height
     assert hist.arrivals_per_minute["requests"].sum() == before > 0
     assert hist.size_quantiles["output_tokens_p50"].drop_nulls().len() > 0
     (e,) = report.find("history")
     assert e.action == "assumed" and e.count == before and "0.01 of the 7 days" in e.why
-    wl = build_history_workload(
-        records, load_config(generated / "history.toml"), "PJM", start, end, 0, prices, hist, report
-    )
     assert wl.requests.height == records.arrivals.height - before
 
 
