@@ -251,7 +251,8 @@ def _arm(
 
 
 def _arms(args: argparse.Namespace, prep: Prepared, report: HistoryReport) -> list[str]:
-    """The as-deployed forms first, then --policies (production-tuned skipped, with a report entry)."""
+    """The as-deployed forms first, then --policies (production-tuned, --hindsight and --realized-regret
+    skipped, with report entries)."""
     policies = [p for p in _csv(args.policies) if p not in (AS_DEPLOYED, IMPOSED)]
     if "production-tuned" in policies:
         policies.remove("production-tuned")
@@ -264,6 +265,9 @@ def _arms(args: argparse.Namespace, prep: Prepared, report: HistoryReport) -> li
             "production-tuned is tuned on the bundled week "
             f"before the window; tuning on an operator's own week is not wired{week}",
         )
+    for flag in ("hindsight", "realized_regret"):
+        if getattr(args, flag, None):
+            report.add(flag, "skipped", "replay", 0, f"--{flag.replace('_', '-')} is not wired for a history replay")
     return [AS_DEPLOYED, IMPOSED, *policies]
 
 
