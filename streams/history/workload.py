@@ -229,7 +229,7 @@ def history(records: Records, start: datetime, prices: pl.DataFrame, period_s: f
         "checked" if covered >= 7 - 1e-9 else "assumed",
         "request_arrival",
         before.height,
-        f"history aggregates from {covered:.2f} of the 7 days before the range start",
+        f"history aggregates from {covered:.2f} days of the 7 before the range start",
     )
     minutes = pl.datetime_range(first, start, "1m", time_unit="us", time_zone="UTC", closed="left", eager=True)
     grid = pl.DataFrame({"minute_at": minutes}).join(

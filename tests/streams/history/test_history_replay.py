@@ -314,7 +314,7 @@ def test_history_aggregates_from_records_before_the_range(generated: Path) -> No
     assert hist.arrivals_per_minute["requests"].sum() == before > 0
     assert hist.size_quantiles["output_tokens_p50"].drop_nulls().len() > 0
     (e,) = report.find("history")
-    assert e.action == "assumed" and e.count == before and "0.01 of the 7 days" in e.why
+    assert e.action == "assumed" and e.count == before and "0.01 days of the 7" in e.why
     assert wl.requests.height == records.arrivals.height - before
 
 
