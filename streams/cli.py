@@ -72,6 +72,18 @@ def _kafka_flags(p: argparse.ArgumentParser) -> None:
                    help="retry reaching the broker at start for this long, then exit 69 with one line (default 15)")
 
 
+def _history_flags(p: argparse.ArgumentParser) -> None:
+    """`replay` on an operator's own history instead of the bundled data (streams/history/run.py)."""
+    p.add_argument("--history", default=None, metavar="DIR", help="replay a recorded history: a directory dump "
+                   "(<kind>.parquet|.jsonl, or an --emit-observations output)")
+    p.add_argument("--from-topics", default=None, metavar="BOOTSTRAP", help="replay the history in the input topics")
+    p.add_argument("--history-config", default=None, metavar="FILE", help="classes, SLAs, inventory (TOML; "
+                   "examples/history.toml)")
+    p.add_argument("--history-start", default=None, help="replay range start, ISO 8601 UTC (earlier records: history)")
+    p.add_argument("--history-end", default=None, help="replay range end, ISO 8601 UTC")
+    p.add_argument("--history-topic-prefix", default="aurelius.", help="topic prefix with --from-topics")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="aurelius", description=__doc__.split("\n")[0] if __doc__ else None)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -126,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated policies whose decisions get realized regret on ground-truth branches (>= 30 "
         "decisions per window drawn by the seed; e.g. aurelius,production); needs production among --policies",
     )  # fmt: skip
+    _history_flags(p)
     p.set_defaults(_run="streams.replay.cli:run")
 
     p = sub.add_parser("report", help="HTML report (offline, one file) and PNG/SVG figures of a replay output")
@@ -235,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "history", None) or getattr(args, "from_topics", None):
+        args._run = "streams.history.run:run"
     module_name, func_name = args._run.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
 
