@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from schemas.fleet import power_limited_clock_mhz
+from schemas.fleet import Site, power_limited_clock_mhz
 from worldmodel.groundtruth import state as st
-from worldmodel.groundtruth.runtime import CoefficientCorrections, Physics, coef_row, weight_read_s
+from worldmodel.groundtruth.runtime import CoefficientCorrections, Physics, coef_row, node_order, weight_read_s
 from worldmodel.physics.power import gpu_power_w
 from worldmodel.physics.tables import HBM_EFFICIENCY
 
@@ -126,11 +126,33 @@ class Calibration:
     def pool(self, model: str, gpu: str) -> PoolCalibration:
         return next(p for p in self.pools if (p.model, p.gpu) == (model, gpu))
 
-    def physics(self, base: Physics | None = None) -> Physics:
-        """`base` (default Physics()) with these corrections in place of its own, every node at speed 1.0: the
-        pool factors already hold the recorded fleet's mean node speed (keeping the simulator's hidden
-        per-node variation would count it twice; the per-node fits stay a diagnostic)."""
-        return replace(base or Physics(), corrections=tuple(p.corrections() for p in self.pools), node_speed=1.0)
+    def physics(self, base: Physics | None = None, sites: tuple[Site, ...] = ()) -> Physics:
+        """`base` (default Physics()) with these corrections in place of its own and the recorded nodes' speeds:
+        the pool factors hold the recorded fleet's mean node speed, so the simulator's hidden per-node variation
+        gives way to `node_speeds` on the replayed `sites` (every node at 1.0 without them)."""
+        speeds = self.node_speeds(sites) if sites else 1.0
+        return replace(base or Physics(), corrections=tuple(p.corrections() for p in self.pools), node_speed=speeds)
+
+    def node_speeds(self, sites: tuple[Site, ...]) -> tuple[float, ...]:
+        """Per node of `sites` (the runtime's node order), its fitted step-time speed relative to its pools'
+        factors (ratio: the n-weighted mean over the pools and the decode and prefill fits of the node's
+        records); per GPU type the recorded hostnames, sorted, take that type's nodes in order (a history is one
+        site); a node without records runs at 1.0."""
+        rel: dict[tuple[str, str], tuple[float, float]] = {}  # (gpu, hostname) -> (sum of n x speed, sum of n)
+        for p in self.pools:
+            d, f = p.factor("decode_scale").value, p.factor("prefill_scale").value
+            for nd in p.nodes:
+                s = 0.5 * (nd.decode_scale / d + nd.prefill_scale / f)
+                a, b = rel.get((p.gpu, nd.hostname), (0.0, 0.0))
+                rel[(p.gpu, nd.hostname)] = (a + nd.n * s, b + nd.n)
+        order = [gpu for _, gpu in node_order(sites)]
+        out = [1.0] * len(order)
+        for gpu in dict.fromkeys(order):
+            slots = [i for i, g in enumerate(order) if g == gpu]
+            for i, key in zip(slots, sorted(k for k in rel if k[0] == gpu), strict=False):
+                a, b = rel[key]
+                out[i] = a / b
+        return tuple(out)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able report: per pool the factors with tag, n, standard error and residual RMS."""

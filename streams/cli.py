@@ -82,6 +82,9 @@ def _history_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--history-start", default=None, help="replay range start, ISO 8601 UTC (earlier records: history)")
     p.add_argument("--history-end", default=None, help="replay range end, ISO 8601 UTC")
     p.add_argument("--history-topic-prefix", default="aurelius.", help="topic prefix with --from-topics")
+    p.add_argument("--no-history-calibrate", dest="history_calibrate", action="store_false",
+                   help="run the ground truth at its cited coefficients instead of the ones fitted to the records "
+                        "(streams/calibration.py; the fit is reported either way)")
 
 
 def build_parser() -> argparse.ArgumentParser:

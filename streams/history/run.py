@@ -27,6 +27,7 @@ from schemas.fleet import FleetSpec
 from schemas.kafka_client import settings_from_args
 from schemas.policy import History, Policy
 from schemas.topics import Topics
+from streams.calibration import calibrate
 from streams.history import recorded
 from streams.history.checks import Records, check
 from streams.history.config import HistoryConfig, load_config
@@ -67,6 +68,7 @@ from streams.replay.driver import RunResult, run_replay
 from streams.replay.metrics import PROVENANCE, request_outcomes, summarize
 from streams.replay.ruler import ruler_record
 from streams.workload.builder import Workload
+from worldmodel.groundtruth.runtime import Physics
 
 AS_DEPLOYED, IMPOSED = "as-deployed", "as-deployed-imposed"
 #: results.json provenance of the figures a history replay adds.
@@ -153,6 +155,9 @@ class Prepared:
     prices: pl.DataFrame
     hist: History
     fit: AutoscalerFit | None
+    #: the ground truth calibrated to the records (streams/calibration.py): the physics every arm runs on
+    physics: Physics
+    calibration: dict[str, Any]
 
     @property
     def initial(self) -> dict[tuple[str, str, str], int]:
@@ -177,7 +182,10 @@ def prepare(args: argparse.Namespace, config: HistoryConfig, raw: RawHistory, re
     fleet = recorded.fleet(records, config, market, report)
     prices = prices_for(records, market, start - timedelta(days=7), end + timedelta(hours=24), report)
     hist = history(records, start, prices, period_s, report)
-    prep = Prepared(records, config, market, start, end, spans, fleet, prices, hist, fit_autoscaler(records, spans))
+    cal = calibrate(records.completions, records.telemetry, records.fleet_events, _physics(args))
+    physics = cal.physics(_physics(args), fleet.sites) if getattr(args, "history_calibrate", True) else _physics(args)
+    prep = Prepared(records, config, market, start, end, spans, fleet, prices, hist, fit_autoscaler(records, spans),
+                    physics, {**cal.as_dict(), "applied": bool(physics.corrections)})
     return replace(prep, fit=_refine(prep, args))
 
 
@@ -213,7 +221,7 @@ def _refine(prep: Prepared, args: argparse.Namespace) -> AutoscalerFit | None:
             fitted_policy(replace(fit, refined_target=target)),
             prep.fleet,
             period_s=period_s,
-            physics=_physics(args),
+            physics=prep.physics,
             initial_replicas=prep.initial,
             stop_at_s=stop_s,
         )
@@ -243,11 +251,11 @@ def _arm(
             own[name],
             prep.fleet,
             period_s=args.period_minutes * 60.0,
-            physics=_physics(args),
+            physics=prep.physics,
             keep_observations=args.emit_observations,
             initial_replicas=prep.initial,
         )
-    return _one(wl, name, prep.fleet, args, _physics(args), key, wl.seed, False, None, prep.initial)
+    return _one(wl, name, prep.fleet, args, prep.physics, key, wl.seed, False, None, prep.initial)
 
 
 def _arms(args: argparse.Namespace, prep: Prepared, report: HistoryReport) -> list[str]:
@@ -301,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
             timing[f"{arm}@seed{seed}"] = res.wall_s
             summary = summarize(res)
             summary["seed"] = seed
-            summary.update(_decision_stats(res))
+            summary.update(_decision_stats(res, period_s))
             summary["per_day"] = per_day(res, window_s)
             runs[arm].append(summary)
             if seed == 0 and arm in own:
@@ -330,8 +338,8 @@ def run(args: argparse.Namespace) -> int:
     fidelity = fidelity_table(recorded.recorded_outcomes(prep.records, prep.start, prep.end), simulated)
     results = {
         "schema_version": "1",
-        "config": _config(args, _physics(args)),
-        "ruler": ruler_record(_physics(args)),
+        "config": _config(args, prep.physics),
+        "ruler": ruler_record(prep.physics),
         "markets": {key: market_rec},
         "provenance": {**PROVENANCE, **HISTORY_PROVENANCE},
         "history": {
@@ -340,6 +348,7 @@ def run(args: argparse.Namespace) -> int:
             "fleet": _fleet_record(prep.fleet),
             "initial_replicas": {"|".join(k): v for k, v in prep.initial.items()},
             "fit": fit_rec,
+            "calibration": prep.calibration,
             "records": raw.records,
             "read_s": raw.read_s,
             "replay_wall_s": timing,

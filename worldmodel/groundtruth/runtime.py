@@ -94,10 +94,11 @@ class Physics:
     #: coefficient corrections fitted to an operator's records, applied in order to the pools each matches;
     #: empty: the cited coefficients
     corrections: tuple[CoefficientCorrections, ...] = ()
-    #: every node's step-time multiplier (ratio); None: the hidden per-node variation (normal, sd 0.06, clipped to
-    #: 0.85-1.15, by fleet seed). An operator's calibrated history sets 1.0: its fitted pool factors already hold
-    #: the recorded fleet's mean node speed.
-    node_speed: float | None = None
+    #: every node's step-time multiplier (ratio), in node order (`node_order`): a float for all of them, a tuple
+    #: per node, None for the hidden per-node variation (normal, sd 0.06, clipped to 0.85-1.15, by fleet seed).
+    #: An operator's calibrated history sets its fitted per-node speeds relative to the pool factors, which hold
+    #: the recorded fleet's mean (the hidden variation on top would count it twice).
+    node_speed: float | tuple[float, ...] | None = None
 
 
 def coef_row(
@@ -134,7 +135,13 @@ def weight_read_s(model: str, gpu: str, tp: int, precision: str) -> float:
     return model_spec(model).weight_bytes(Precision(precision)) / tp / (gpu_spec(gpu).hbm_tb_s * 1e12)
 
 
-def _hardware(sites: tuple[Site, ...], fleet_seed: int, node_speed: float | None = None) -> st.Hardware:
+def node_order(sites: tuple[Site, ...]) -> list[tuple[str, str]]:
+    """(site name, GPU type) of every node, in the runtime's node order (sites, their groups, their nodes)."""
+    return [(site.name, str(grp.gpu)) for site in sites for grp in site.groups for _ in range(grp.nodes)]
+
+
+def _hardware(sites: tuple[Site, ...], fleet_seed: int,
+              node_speed: float | tuple[float, ...] | None = None) -> st.Hardware:  # fmt: skip
     g_type, g_node, g_site, node_type, node_site = [], [], [], [], []
     node = 0
     for s, site in enumerate(sites):
@@ -148,7 +155,14 @@ def _hardware(sites: tuple[Site, ...], fleet_seed: int, node_speed: float | None
                     g_site.append(s)
                 node += 1
     rng = np.random.default_rng(fleet_seed)
-    speed = np.clip(rng.normal(1.0, 0.06, node), 0.85, 1.15) if node_speed is None else np.full(node, node_speed)
+    if node_speed is None:
+        speed = np.clip(rng.normal(1.0, 0.06, node), 0.85, 1.15)
+    elif isinstance(node_speed, tuple):
+        if len(node_speed) != node:
+            raise ValueError(f"node_speed has {len(node_speed)} speeds for {node} nodes")
+        speed = np.array(node_speed, dtype=float)
+    else:
+        speed = np.full(node, float(node_speed))
     i8 = np.int64
     return st.Hardware(
         np.array(g_type, i8),

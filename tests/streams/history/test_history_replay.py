@@ -81,10 +81,31 @@ def _replay(out: Path, config: Path, *source: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def replayed(generated: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The round trip runs the ground truth at its cited coefficients and hidden node speeds, as generated (the
+    calibration's fit is still reported); test_the_calibration_shapes_the_ground_truth runs it applied."""
     out = tmp_path_factory.mktemp("replayed")
-    results = _replay(out, generated / "history.toml", "--history", str(generated / "observations"))
+    results = _replay(out, generated / "history.toml", "--history", str(generated / "observations"),
+                      "--no-history-calibrate")
     assert (out / "replay.duckdb").exists()
     return results
+
+
+def test_the_calibration_shapes_the_ground_truth(generated: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """By default the history replay's ground truth runs the coefficients fitted to the records and the
+    recorded nodes' speeds; on a history of the cited physics every fitted factor is near 1 and the outcome
+    stays near the recorded one."""
+    out = tmp_path_factory.mktemp("calibrated")
+    res = _replay(out, generated / "history.toml", "--history", str(generated / "observations"))
+    cal = res["history"]["calibration"]
+    assert cal["applied"] and res["ruler"]["physics"]["corrections"]
+    fitted = [f for p in cal["pools"] for f in p["factors"] if f["tag"] == "fitted"]
+    assert fitted and all(abs(f["value"] - 1.0) < 0.05 for f in fitted)
+    speeds = res["ruler"]["physics"]["node_speed"]
+    assert isinstance(speeds, list) and len(speeds) == 16 and all(0.85 <= v <= 1.15 for v in speeds)
+    gen = json.loads((generated / "results.json").read_text())["markets"]["PJM"]["policies"]["production"]
+    again = res["markets"]["PJM@history"]["policies"]["as-deployed-imposed"]
+    assert again["gpu_hours"] == pytest.approx(gen["gpu_hours"], rel=0.05)
+    assert again["energy_mwh"] == pytest.approx(gen["energy_mwh"], rel=0.05)
 
 
 def test_round_trip_same_outcomes(generated: Path, replayed: dict[str, Any]) -> None:
@@ -265,6 +286,7 @@ def test_from_topics_same_records_and_outcomes(
         window["start"],
         "--history-end",
         window["end"],
+        "--no-history-calibrate",
     ]
     results = _replay(tmp_path / "topics", generated / "history.toml", *source)
     original = json.loads((generated / "results.json").read_text())["markets"]["PJM"]["policies"]["production"]
