@@ -17,6 +17,7 @@ import json
 import logging
 import logging.handlers
 import multiprocessing
+import re
 import statistics
 import sys
 from collections import Counter
@@ -553,9 +554,14 @@ def _decision_stats(res: RunResult, period_s: float) -> dict[str, Any]:
 
 
 def _reason_kind(reason: str) -> str:
-    """A fallback reason's kind: its text before the first colon ("pareto", "no candidate passed the hard gates
-    (best", "start", ...), the detail dropped."""
-    return reason.split(":", 1)[0].removesuffix(" (best")
+    """A fallback reason's kind: its text before the first colon, numbers as #, the detail dropped.
+
+    >>> _reason_kind("pareto: gp/$ 1 <= reference 1"), _reason_kind("forecast confidence 0.42 < threshold 0.50")
+    ('pareto', 'forecast confidence # < threshold #')
+    >>> _reason_kind("no candidate passed the hard gates (best: sla: chat 2.77% > budget 1.00%)")
+    'no candidate passed the hard gates'
+    """
+    return re.sub(r"\d+(\.\d+)?", "#", reason.split(":", 1)[0]).removesuffix(" (best")
 
 
 def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
