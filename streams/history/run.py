@@ -25,7 +25,7 @@ import polars as pl
 
 from schemas.fleet import FleetSpec
 from schemas.kafka_client import settings_from_args
-from schemas.policy import History, Policy
+from schemas.policy import REFERENCE_POLICIES, History, Policy
 from schemas.topics import Topics
 from streams.calibration import calibrate
 from streams.history import recorded
@@ -61,10 +61,12 @@ from streams.replay.cli import (
     _reset_tables,
     _store,
     _strongest_reference,
+    _window_periods,
     emit_observations,
     print_tables,
 )
 from streams.replay.driver import RunResult, run_replay
+from streams.replay.hindsight import HINDSIGHT, BranchSettings, RegretAudit, g_star, run_hindsight
 from streams.replay.metrics import PROVENANCE, request_outcomes, summarize
 from streams.replay.ruler import ruler_record
 from streams.workload.builder import Workload
@@ -242,7 +244,8 @@ def _as_deployed(prep: Prepared, period_s: float) -> Callable[[], dict[str, Poli
 
 
 def _arm(
-    name: str, wl: Workload, prep: Prepared, args: argparse.Namespace, own: dict[str, Policy], key: str
+    name: str, wl: Workload, prep: Prepared, args: argparse.Namespace, own: dict[str, Policy], key: str,
+    intercept: Any = None,
 ) -> RunResult:
     """One arm on one seed's workload: an as-deployed form, else through the bundled replay's `_one`."""
     if name in own:
@@ -255,12 +258,13 @@ def _arm(
             keep_observations=args.emit_observations,
             initial_replicas=prep.initial,
         )
-    return _one(wl, name, prep.fleet, args, prep.physics, key, wl.seed, False, None, prep.initial)
+    return _one(wl, name, prep.fleet, args, prep.physics, key, wl.seed, False, None, prep.initial,
+                intercept=intercept)
 
 
 def _arms(args: argparse.Namespace, prep: Prepared, report: HistoryReport) -> list[str]:
-    """The as-deployed forms first, then --policies (production-tuned, --hindsight and --realized-regret
-    skipped, with report entries)."""
+    """The as-deployed forms first, then --policies, references first (production-tuned skipped, with a report
+    entry; production added when --hindsight or --realized-regret need it)."""
     policies = [p for p in _csv(args.policies) if p not in (AS_DEPLOYED, IMPOSED)]
     if "production-tuned" in policies:
         policies.remove("production-tuned")
@@ -273,9 +277,10 @@ def _arms(args: argparse.Namespace, prep: Prepared, report: HistoryReport) -> li
             "production-tuned is tuned on the bundled week "
             f"before the window; tuning on an operator's own week is not wired{week}",
         )
-    for flag in ("hindsight", "realized_regret"):
-        if getattr(args, flag, None):
-            report.add(flag, "skipped", "replay", 0, f"--{flag.replace('_', '-')} is not wired for a history replay")
+    if (getattr(args, "hindsight", False) or getattr(args, "realized_regret", "")) and "production" not in policies:
+        policies.insert(0, "production")  # the branches' continuation and the gate's baseline
+    # the references first: g*, the comparison set and the continuation come from their runs (as the bundled replay)
+    policies.sort(key=lambda n: n not in REFERENCE_POLICIES)
     return [AS_DEPLOYED, IMPOSED, *policies]
 
 
@@ -301,16 +306,30 @@ def run(args: argparse.Namespace) -> int:
     simulated = {}
     timing: dict[str, float] = {}
     window_s = (prep.end - prep.start).total_seconds()
+    audited = set(_csv(getattr(args, "realized_regret", "") or ""))
+    settings = BranchSettings(K=getattr(args, "hindsight_k", 16), H=getattr(args, "branch_h", 2),
+                              basis=args.cost_basis)  # fmt: skip
     for seed in (int(s) for s in _csv(args.seeds)):
         wl = prep.workload(seed, report if seed == 0 else HistoryReport())  # the other seeds repeat seed 0's entries
+        refs: dict[str, RunResult] = {}
+        gstar = 0.0
         for arm in arms:
             own = own_policies()
-            res = _arm(arm, wl, prep, args, own, key)
+            audit_ = None
+            if arm in audited and arm not in REFERENCE_POLICIES and refs:
+                audit_ = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), seed, settings)
+            res = _arm(arm, wl, prep, args, own, key, audit_.intercept if audit_ else None)
+            if arm in REFERENCE_POLICIES:
+                refs[arm] = res
+                gstar = g_star({n: summarize(r) for n, r in refs.items()}, args.cost_basis)[1]
             timing[f"{arm}@seed{seed}"] = res.wall_s
             summary = summarize(res)
             summary["seed"] = seed
             summary.update(_decision_stats(res, period_s))
             summary["per_day"] = per_day(res, window_s)
+            if audit_ is not None:
+                audit_.attach(res)
+                summary["realized_regret"] = audit_.stats()
             runs[arm].append(summary)
             if seed == 0 and arm in own:
                 simulated[arm] = simulated_outcomes(res, summary["gpu_hours"])
@@ -318,6 +337,16 @@ def run(args: argparse.Namespace) -> int:
                 emit_observations(out / "observations" / key / arm / f"seed{seed}", res)
             _store(db, _frames(res, key))
             _audit(audit, res.decisions, seed)
+        if getattr(args, "hindsight", False) and refs:
+            strongest = g_star({n: summarize(r) for n, r in refs.items()}, args.cost_basis)[0]
+            res, choices = run_hindsight(wl, prep.fleet, refs, gstar, period_s=period_s, physics=prep.physics,
+                                         initial_replicas=prep.initial, settings=settings, start_from=strongest)
+            summary = summarize(res)
+            summary.update(seed=seed, **_decision_stats(res, period_s), per_day=per_day(res, window_s))
+            summary["hindsight"] = {"oracle": True, "deployable": False, **settings.describe(), "g_star": gstar,
+                                    "choices": choices}  # fmt: skip
+            runs.setdefault(HINDSIGHT, []).append(summary)
+            _store(db, _frames(res, key))
     db.close()
     window = {
         "start": prep.start.isoformat(),

@@ -352,3 +352,18 @@ def test_incomplete_records_reported(generated: Path) -> None:
     got = {(e.action, e.count) for e in report.find("incomplete_records")}
     assert got == {("dropped", 3), ("assumed", 2)}
     assert records.arrivals.height == arr.height - 3
+
+
+def test_hindsight_on_a_history(generated: Path, tmp_path: Path) -> None:
+    """--hindsight on a history: the oracle arm branches the ground truth around the strongest reference of the
+    history replay (here production), flagged not deployable, with its g* and per-period choices."""
+    argv = ["replay", "--history", str(generated / "observations"), "--history-config", str(generated / "history.toml"),
+            "--policies", "naive", "--hindsight", "--out", str(tmp_path), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    market = json.loads((tmp_path / "results.json").read_text())["markets"]["PJM@history"]
+    pol = market["policies"]
+    assert {"production", "naive", "hindsight"} <= set(pol)  # production added: the branches' continuation
+    h = pol["hindsight"]["hindsight"]
+    strongest = max(("production", "naive"), key=lambda n: pol[n]["gp_per_dollar"])
+    assert h["oracle"] and not h["deployable"] and h["g_star"] == pytest.approx(pol[strongest]["gp_per_dollar"])
+    assert len(pol["hindsight"]["by_seed"][0]["hindsight"]["choices"]) >= 2 and "gain_vs_as_deployed" in market
