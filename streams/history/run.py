@@ -61,6 +61,7 @@ from streams.replay.cli import (
     _reset_tables,
     _store,
     _strongest_reference,
+    _tuning_record,
     _window_periods,
     emit_observations,
     print_tables,
@@ -69,6 +70,7 @@ from streams.replay.driver import RunResult, run_replay
 from streams.replay.hindsight import HINDSIGHT, BranchSettings, RegretAudit, g_star, run_hindsight
 from streams.replay.metrics import PROVENANCE, request_outcomes, summarize
 from streams.replay.ruler import ruler_record
+from streams.replay.tuning import TUNE_PERIODS, Tuning, tune_on
 from streams.workload.builder import Workload
 from worldmodel.groundtruth.runtime import Physics
 
@@ -80,6 +82,7 @@ HISTORY_PROVENANCE = {
     "fidelity.simulated": "modeled",
     "history.fit": "fitted to measured replica counts",
 }
+
 
 
 def _utc(s: str | None) -> datetime | None:
@@ -160,6 +163,8 @@ class Prepared:
     #: the ground truth calibrated to the records (streams/calibration.py): the physics every arm runs on
     physics: Physics
     calibration: dict[str, Any]
+    #: production-tuned's configuration, tuned on the records before the range (None: not asked, or no records)
+    tuning: Tuning | None = None
 
     @property
     def initial(self) -> dict[tuple[str, str, str], int]:
@@ -188,7 +193,27 @@ def prepare(args: argparse.Namespace, config: HistoryConfig, raw: RawHistory, re
     physics = cal.physics(_physics(args), fleet.sites) if getattr(args, "history_calibrate", True) else _physics(args)
     prep = Prepared(records, config, market, start, end, spans, fleet, prices, hist, fit_autoscaler(records, spans),
                     physics, {**cal.as_dict(), "applied": bool(physics.corrections)})
-    return replace(prep, fit=_refine(prep, args))
+    prep = replace(prep, fit=_refine(prep, args))
+    if "production-tuned" in _csv(args.policies):
+        prep = replace(prep, tuning=_tune(prep))
+    return prep
+
+
+def _tune(prep: Prepared) -> Tuning | None:
+    """production-tuned's static configuration, searched on the operator's own records of the TUNE_PERIODS
+    periods before the replay range (streams/replay/tuning.tune_on; the bundled replay tunes on the week
+    before), from the fleet recorded then; None when the records do not reach that far back."""
+    period_s = prep.config.period_minutes * 60.0
+    past = prep.start - timedelta(seconds=TUNE_PERIODS * period_s)
+    first = prep.records.arrivals["event_at"].min() if prep.records.arrivals.height else None
+    if first is None or first > past + timedelta(seconds=period_s):  # type: ignore[operator]
+        return None  # the records do not reach into the past window's first period
+    quiet = HistoryReport()  # the past window's findings repeat the range's
+    wl = build_history_workload(prep.records, prep.config, prep.market, past, prep.start, 0, prep.prices, prep.hist,
+                                quiet)  # fmt: skip
+    initial = recorded.spans(prep.records, past, TUNE_PERIODS * period_s, quiet).initial()
+    return tune_on(wl, initial, prep.fleet, physics=prep.physics, periods=TUNE_PERIODS,
+                   period_minutes=prep.config.period_minutes)  # fmt: skip
 
 
 def _refine(prep: Prepared, args: argparse.Namespace) -> AutoscalerFit | None:
@@ -258,7 +283,8 @@ def _arm(
             keep_observations=args.emit_observations,
             initial_replicas=prep.initial,
         )
-    return _one(wl, name, prep.fleet, args, prep.physics, key, wl.seed, False, None, prep.initial,
+    tuned = prep.tuning.config if prep.tuning is not None else None
+    return _one(wl, name, prep.fleet, args, prep.physics, key, wl.seed, False, tuned, prep.initial,
                 intercept=intercept)
 
 
@@ -266,17 +292,11 @@ def _arms(args: argparse.Namespace, prep: Prepared, report: HistoryReport) -> li
     """The as-deployed forms first, then --policies, references first (production-tuned skipped, with a report
     entry; production added when --hindsight or --realized-regret need it)."""
     policies = [p for p in _csv(args.policies) if p not in (AS_DEPLOYED, IMPOSED)]
-    if "production-tuned" in policies:
+    if "production-tuned" in policies and prep.tuning is None:
         policies.remove("production-tuned")
-        week = "" if prep.hist.arrivals_per_minute.height else ", and the records hold no week before"
-        report.add(
-            "production_tuned",
-            "skipped",
-            "replay",
-            0,
-            "production-tuned is tuned on the bundled week "
-            f"before the window; tuning on an operator's own week is not wired{week}",
-        )
+        report.add("production_tuned", "skipped", "replay", 0, "production-tuned is tuned on the records of the "
+                   f"{TUNE_PERIODS} periods before the replay range, and the records hold none that early "
+                   "(pass --history-start to keep part of them as the past)")  # fmt: skip
     if (getattr(args, "hindsight", False) or getattr(args, "realized_regret", "")) and "production" not in policies:
         policies.insert(0, "production")  # the branches' continuation and the gate's baseline
     # the references first: g*, the comparison set and the continuation come from their runs (as the bundled replay)
@@ -378,6 +398,7 @@ def run(args: argparse.Namespace) -> int:
             "initial_replicas": {"|".join(k): v for k, v in prep.initial.items()},
             "fit": fit_rec,
             "calibration": prep.calibration,
+            "production_tuned": _tuning_record(prep.tuning) if prep.tuning is not None else None,
             "records": raw.records,
             "read_s": raw.read_s,
             "replay_wall_s": timing,

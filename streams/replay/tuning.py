@@ -25,7 +25,7 @@ from optimizer.baselines.tuned import DEPLOYED, StaticConfig, TunedProductionPol
 from schemas.fleet import FleetSpec
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
-from streams.workload.builder import build_workload
+from streams.workload.builder import Workload, build_workload
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.runtime import Physics
 
@@ -40,6 +40,8 @@ AXES: tuple[tuple[str, tuple[object, ...]], ...] = (
     ("max_num_batched_tokens", (None, 2048, 4096)),
 )
 SLA_SLACK = 0.001  # 0.1 pp
+#: control periods of the past window a configuration is measured on (count)
+TUNE_PERIODS = 3
 
 
 def _with(cfg: StaticConfig, axis: str, value: object) -> StaticConfig:
@@ -65,7 +67,7 @@ def tune_static(
     *,
     seed: int,
     physics: Physics | None = None,
-    periods: int = 3,
+    periods: int = TUNE_PERIODS,
     period_minutes: float = 5.0,
 ) -> Tuning:
     """Search the configurations on the window one week before `window_start` (periods x period_minutes)."""
@@ -73,6 +75,20 @@ def tune_static(
     wl = build_workload(market, past.year, start=past, periods=periods, period_minutes=period_minutes,
                         seed=seed + 7919)  # fmt: skip
     initial = lead_in_fleet(market, past, fleet, seed=seed, physics=physics)
+    return tune_on(wl, initial, fleet, physics=physics, periods=periods, period_minutes=period_minutes)
+
+
+def tune_on(
+    wl: Workload,
+    initial: dict[tuple[str, str, str], int],
+    fleet: FleetSpec,
+    *,
+    physics: Physics | None = None,
+    periods: int = TUNE_PERIODS,
+    period_minutes: float = 5.0,
+) -> Tuning:
+    """Search the configurations on a past workload `wl` served from the fleet `initial` (module docstring):
+    the bundled week before (`tune_static`), or an operator's records before the replayed range."""
     measured: dict[StaticConfig, dict[str, Any]] = {}
 
     def measure(cfg: StaticConfig) -> dict[str, Any]:
@@ -97,7 +113,7 @@ def tune_static(
             row = measure(cfg)
             if ok(row) and row["gp_per_dollar"] > measure(best)["gp_per_dollar"]:
                 best = cfg
-    return Tuning(best, past, tuple(measured.values()))
+    return Tuning(best, wl.window.start, tuple(measured.values()))
 
 
 def lead_in_fleet(

@@ -26,6 +26,7 @@ from streams.history.report import HistoryReport
 from streams.history.workload import build_history_workload, history, prices_for, replay_range
 from streams.publish import load_directory, publish
 from streams.replay.driver import run_replay
+from streams.worked_example import ExampleSpec, generate_history
 from streams.workload.builder import Workload
 from tests.worldmodel.test_groundtruth import Recording
 
@@ -367,3 +368,27 @@ def test_hindsight_on_a_history(generated: Path, tmp_path: Path) -> None:
     strongest = max(("production", "naive"), key=lambda n: pol[n]["gp_per_dollar"])
     assert h["oracle"] and not h["deployable"] and h["g_star"] == pytest.approx(pol[strongest]["gp_per_dollar"])
     assert len(pol["hindsight"]["by_seed"][0]["hindsight"]["choices"]) >= 2 and "gain_vs_as_deployed" in market
+
+
+def test_production_tuned_is_tuned_on_the_records_before_the_range(tmp_path: Path) -> None:
+    """With records before --history-start, production-tuned searches its static configuration on the last
+    TUNE_PERIODS periods of them (the operator's own past) and runs; without them it is skipped and reported."""
+    hist = generate_history(tmp_path / "ex", ExampleSpec(periods=6))
+    cfg = Path(__file__).resolve().parents[3] / "examples" / "worked_example.toml"
+    start = json.loads((tmp_path / "ex" / "truth.json").read_text())["window_start"]
+    cut = (datetime.fromisoformat(start) + timedelta(minutes=15)).isoformat()
+
+    def run(out: Path, *extra: str) -> dict[str, Any]:
+        argv = ["replay", "--history", str(hist), "--history-config", str(cfg), "--policies",
+                "production,production-tuned", "--out", str(out), "--no-progress", *extra]  # fmt: skip
+        assert main(argv) == 0
+        return json.loads((out / "results.json").read_text())
+
+    tuned = run(tmp_path / "tuned", "--history-start", cut)
+    rec = tuned["history"]["production_tuned"]
+    assert rec is not None and rec["tuned_on"] == start and len(rec["candidates"]) >= 5
+    assert "production-tuned" in tuned["markets"]["ERCOT@history"]["policies"]
+    whole = run(tmp_path / "whole")
+    assert whole["history"]["production_tuned"] is None
+    assert "production-tuned" not in whole["markets"]["ERCOT@history"]["policies"]
+    assert any(e["check"] == "production_tuned" for e in whole["history"]["report"]["entries"])
