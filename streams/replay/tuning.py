@@ -75,20 +75,21 @@ def tune_static(
     wl = build_workload(market, past.year, start=past, periods=periods, period_minutes=period_minutes,
                         seed=seed + 7919)  # fmt: skip
     initial = lead_in_fleet(market, past, fleet, seed=seed, physics=physics)
-    return tune_on(wl, initial, fleet, physics=physics, periods=periods, period_minutes=period_minutes)
+    return tune_on(wl, initial, fleet, past, physics=physics, periods=periods, period_minutes=period_minutes)
 
 
 def tune_on(
     wl: Workload,
     initial: dict[tuple[str, str, str], int],
     fleet: FleetSpec,
+    tuned_on: datetime,
     *,
     physics: Physics | None = None,
     periods: int = TUNE_PERIODS,
     period_minutes: float = 5.0,
 ) -> Tuning:
-    """Search the configurations on a past workload `wl` served from the fleet `initial` (module docstring):
-    the bundled week before (`tune_static`), or an operator's records before the replayed range."""
+    """Search the configurations on a past workload `wl` (starting at `tuned_on`) served from the fleet `initial`
+    (module docstring): the bundled week before (`tune_static`), or an operator's records before the range."""
     measured: dict[StaticConfig, dict[str, Any]] = {}
 
     def measure(cfg: StaticConfig) -> dict[str, Any]:
@@ -113,7 +114,7 @@ def tune_on(
             row = measure(cfg)
             if ok(row) and row["gp_per_dollar"] > measure(best)["gp_per_dollar"]:
                 best = cfg
-    return Tuning(best, wl.window.start, tuple(measured.values()))
+    return Tuning(best, tuned_on, tuple(measured.values()))
 
 
 def lead_in_fleet(
