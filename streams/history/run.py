@@ -332,18 +332,18 @@ def run(args: argparse.Namespace) -> int:
     for seed in (int(s) for s in _csv(args.seeds)):
         wl = prep.workload(seed, report if seed == 0 else HistoryReport())  # the other seeds repeat seed 0's entries
         refs: dict[str, RunResult] = {}
-        gstar = 0.0
+        ref_summaries: dict[str, dict[str, Any]] = {}
         for arm in arms:
             own = own_policies()
             audit_ = None
             if arm in audited and arm not in REFERENCE_POLICIES and refs:
+                gstar = g_star(ref_summaries, args.cost_basis)[1]
                 audit_ = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), seed, settings)
             res = _arm(arm, wl, prep, args, own, key, audit_.intercept if audit_ else None)
-            if arm in REFERENCE_POLICIES:
-                refs[arm] = res
-                gstar = g_star({n: summarize(r) for n, r in refs.items()}, args.cost_basis)[1]
             timing[f"{arm}@seed{seed}"] = res.wall_s
             summary = summarize(res)
+            if arm in REFERENCE_POLICIES:
+                refs[arm], ref_summaries[arm] = res, summary
             summary["seed"] = seed
             summary.update(_decision_stats(res, period_s))
             summary["per_day"] = per_day(res, window_s)
@@ -358,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
             _store(db, _frames(res, key))
             _audit(audit, res.decisions, seed)
         if getattr(args, "hindsight", False) and refs:
-            strongest = g_star({n: summarize(r) for n, r in refs.items()}, args.cost_basis)[0]
+            strongest, gstar = g_star(ref_summaries, args.cost_basis)
             res, choices = run_hindsight(wl, prep.fleet, refs, gstar, period_s=period_s, physics=prep.physics,
                                          initial_replicas=prep.initial, settings=settings, start_from=strongest)
             summary = summarize(res)
