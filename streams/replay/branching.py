@@ -14,6 +14,15 @@ with sla_met over those requests, cost (GPU-hours + energy on the run's cost bas
 `cost_between`) over (t0, end of the branch], and g* the strongest reference's gp/$ over the whole window.
 Definitions: docs/metrics.md "Counterfactual branching". This module runs the ground truth and is an
 oracle's tool: the planner (optimizer/) never imports it.
+
+Noise replicates: the ground truth is chaotic at the branch's scale. A plan 1 MHz off production's clock (a
+0.05 % change of decode speed) realizes gp/$ differences with a spread of 9-19 % per decision over a branch
+(`benchmarks/branch_noise.py`): which replica a burst lands on, and when the autoscaler fires, turn on
+sub-millisecond event order. A single branch therefore ranks plans partly by noise that no record could predict,
+and an oracle picking the best of K single branches picks noise too. Replicate r > 0 of a branch shifts every
+request not yet arrived at the fork later by under NOISE_S (order kept; arrival timestamps are recorded in ms,
+so no record tells replicates apart); replicate 0 is the realization itself. `branch_mean` averages a plan's
+replicates, each paired with the same shifts for every plan it is compared with.
 """
 
 from __future__ import annotations
@@ -47,6 +56,10 @@ DEFAULT_K = SPREAD_K
 #: two-stage screening: stage 1 runs every candidate over the decided period only (H = 0, no drain);
 #: stage 2 runs the SCREEN_TOP best of stage 1 (and production, the gate's baseline) at full H
 SCREEN_TOP = 3
+#: the largest arrival shift of a noise replicate (s): below the ms resolution of recorded arrival times
+NOISE_S = 1e-3
+#: noise replicates per branched plan (replicate 0: the realization itself)
+DEFAULT_REPLICATES = 4
 #: sampled decisions per run for realized regret (all of them when the window has fewer)
 REGRET_SAMPLES = 30
 
@@ -70,9 +83,37 @@ class Branch:
     H: int
     wall_s: float
 
+    replicates: int = 1
+    value_sd: float = 0.0
+
     def passes(self, baseline: Branch, slack: float = SLA_SLACK) -> bool:
         """Per-class violation rate within the baseline branch's + slack (classes absent from a set pass)."""
         return all(v <= baseline.violation.get(c, 1.0) + slack for c, v in self.violation.items())
+
+    @staticmethod
+    def mean(branches: Sequence[Branch]) -> Branch:
+        """The replicates of one plan's branch averaged: value, SLA-met, requests, cost, per-class violation
+        (means); gp/$ = mean SLA-met / mean cost; value_sd the replicates' spread (requests)."""
+        b0 = branches[0]
+        if len(branches) == 1:
+            return b0
+        met = float(np.mean([b.sla_met for b in branches]))
+        usd = float(np.mean([b.cost_usd for b in branches]))
+        classes = {c for b in branches for c in b.violation}
+        return replace(
+            b0,
+            value=float(np.mean([b.value for b in branches])),
+            sla_met=round(met),
+            requests=round(float(np.mean([b.requests for b in branches]))),
+            cost_usd=usd,
+            gp_per_dollar=met / usd if usd > 0 else math.inf,
+            violation={c: float(np.mean([b.violation.get(c, 0.0) for b in branches])) for c in sorted(classes)},
+            end_s=max(b.end_s for b in branches),
+            unresolved=max(b.unresolved for b in branches),
+            wall_s=sum(b.wall_s for b in branches),
+            replicates=len(branches),
+            value_sd=float(np.std([b.value for b in branches])),
+        )
 
 
 def _continuation(continuation: Continuation, j: int) -> Plan:
@@ -109,16 +150,20 @@ def branch_value(
     cap_s: float = DRAIN_CAP_S,
     label: str | None = None,
     open_at_t0: bool = True,
+    noise: int = 0,
 ) -> Branch:
     """Fork `run`'s runtime (which must stand at the period boundary t0), serve `plan` for the decided period
     and the continuation after it; return the branch's value and gp/$ (module docstring). The run is not
     touched. drain False stops at t0 + (1 + H) period (the short screen). open_at_t0: the requests still open
     at t0 (arrived earlier, unfinished, not yet past their last SLA-meeting instant) belong to the branch's
-    set too (the decision serves them); False keeps only the arrivals of the 1 + H periods."""
+    set too (the decision serves them); False keeps only the arrivals of the 1 + H periods. noise: the noise
+    replicate (module docstring; 0 the realization)."""
     t_wall = time.perf_counter()
     if abs(run.runtime.now - t0) > 1e-6:
         raise ValueError(f"the runtime stands at {run.runtime.now} s, not at the fork point {t0} s")
     rt = run.runtime.fork()
+    if noise:
+        shift_arrivals(rt.req, int(rt.si[st.S_ARR_PTR]), noise)
     br = replace(run, runtime=rt, policy=label or plan.label, decisions=[], decision_ms=[], plans=[],
                  plan_by_period={}, observations=None)  # fmt: skip
     req = rt.req
@@ -170,6 +215,46 @@ def branch_value(
     )
 
 
+def shift_arrivals(req: st.Requests, first: int, noise: int) -> None:
+    """Shift requests first.. (not yet arrived) later by sorted draws in [0, NOISE_S) of seed `noise`, in place:
+    arrival order kept, an interactive request's TTFT deadline moved with its arrival.
+
+    >>> import numpy as np
+    >>> from worldmodel.groundtruth.state import Requests
+    >>> r = Requests(np.array([0.0, 1.0, 1.0, 2.0]), np.array([0, 0, 2, 1]), *([np.zeros(4)] * 16))
+    >>> deadline = r.deadline.copy()
+    >>> shift_arrivals(r, 1, noise=3)
+    >>> bool(r.arrival[0] == 0.0 and np.all(np.diff(r.arrival) >= 0) and np.all(r.arrival[1:] - [1, 1, 2] < 1e-3))
+    True
+    >>> (r.deadline - deadline)[2] == 0.0, bool((r.deadline - deadline)[1] > 0)
+    (np.True_, True)
+    """
+    n = req.arrival.shape[0] - first
+    if n <= 0:
+        return
+    shift = np.sort(np.random.default_rng(noise).uniform(0.0, NOISE_S, n))
+    req.arrival[first:] += shift
+    inter = req.cls[first:] != CLASSES.index("batch")
+    req.deadline[first:] += np.where(inter, shift, 0.0)
+
+
+def branch_mean(
+    run: RunResult,
+    plan: Plan,
+    continuation: Continuation,
+    t0: float,
+    period_s: float,
+    H: int,
+    g_star: float,
+    *,
+    replicates: int = 1,
+    **kw: Any,
+) -> Branch:
+    """branch_value over noise replicates 0 .. replicates - 1, averaged (Branch.mean)."""
+    return Branch.mean([branch_value(run, plan, continuation, t0, period_s, H, g_star, noise=r, **kw)
+                        for r in range(replicates)])  # fmt: skip
+
+
 # --- the hindsight arm's candidate plans ------------------------------------------------------------------
 
 
@@ -212,16 +297,17 @@ def compare(
     top: int = SCREEN_TOP,
     cost: CostConfig | None = None,
     basis: str = "rented",
+    replicates: int = 1,
 ) -> Comparison:
     """Two-stage: every plan over the decided period only; then the `top` best of that screen and the
-    `always` labels at full H with the drain."""
-    kw: dict[str, Any] = {"cost": cost, "basis": basis}
-    screened = {lbl: branch_value(run, p, continuation, t0, period_s, 0, g_star, drain=False, label=lbl, **kw)
+    `always` labels at full H with the drain; every branch averaged over `replicates` noise replicates."""
+    kw: dict[str, Any] = {"cost": cost, "basis": basis, "replicates": replicates}
+    screened = {lbl: branch_mean(run, p, continuation, t0, period_s, 0, g_star, drain=False, label=lbl, **kw)
                 for lbl, p in plans}  # fmt: skip
     ranked = sorted(screened, key=lambda lbl: screened[lbl].value, reverse=True)
     keep = list(dict.fromkeys([*always, *ranked[:top]]))
     by_label = dict(plans)
-    full = {lbl: branch_value(run, by_label[lbl], continuation, t0, period_s, H, g_star, label=lbl, **kw)
+    full = {lbl: branch_mean(run, by_label[lbl], continuation, t0, period_s, H, g_star, label=lbl, **kw)
             for lbl in keep}  # fmt: skip
     return Comparison(screened, full)
 

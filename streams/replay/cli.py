@@ -42,7 +42,7 @@ from schemas.fleet import default_fleet
 from schemas.policy import REFERENCE_POLICIES
 from schemas.protocol import CLASSES
 from sinks.audit_store import FILE_GLOB, ParquetAuditStore
-from streams.replay.branching import arrival_periods
+from streams.replay.branching import DEFAULT_REPLICATES, arrival_periods
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.hindsight import (
     HINDSIGHT,
@@ -366,6 +366,7 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
     audited = set(_csv(getattr(args, "realized_regret", "") or ""))
     hindsight = bool(getattr(args, "hindsight", False))
     settings = BranchSettings(K=getattr(args, "hindsight_k", 16), H=getattr(args, "branch_h", 2),
+                              replicates=_replicates(args),
                               basis=args.cost_basis)  # fmt: skip
     period_s = args.period_minutes * 60.0
     # the references first: g*, the comparison set and the continuation come from their runs
@@ -423,6 +424,12 @@ def _window_periods(wl: Workload, period_s: float) -> int:
     return arrival_periods(wl.requests["arrival_s"].to_numpy(), period_s)
 
 
+def _replicates(args: argparse.Namespace) -> int:
+    """Noise replicates per branch: --branch-replicates, else the ruler's default."""
+    r = getattr(args, "branch_replicates", None)
+    return DEFAULT_REPLICATES if r is None else int(r)
+
+
 def _check_branching(args: argparse.Namespace, policies: list[str]) -> None:
     """The branching flags need production (the continuation); the hindsight arm is no policy."""
     if HINDSIGHT in policies:
@@ -435,6 +442,8 @@ def _check_branching(args: argparse.Namespace, policies: list[str]) -> None:
         raise SystemExit(f"--realized-regret names policies not replayed: {unknown}")
     if getattr(args, "hindsight", False) and args.hindsight_k < 16:
         raise SystemExit("--hindsight-k must be at least 16")
+    if _replicates(args) < 1:
+        raise SystemExit("--branch-replicates must be at least 1")
 
 
 def _tick(bar: Any) -> None:

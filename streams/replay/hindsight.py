@@ -28,8 +28,10 @@ from schemas.policy import History, Observations, Policy, PolicyContext
 from streams.replay.branching import (
     DEFAULT_H,
     DEFAULT_K,
+    DEFAULT_REPLICATES,
     DRAIN_CAP_S,
     DRAIN_STEP_S,
+    NOISE_S,
     SCREEN_TOP,
     SLA_SLACK,
     arrival_periods,
@@ -49,11 +51,12 @@ CONTINUATION = "production"
 
 @dataclass(frozen=True)
 class BranchSettings:
-    """K candidates per period, H continuation periods, stage-2 width, drain cap, cost basis."""
+    """K candidates per period, H continuation periods, stage-2 width, noise replicates per branch, cost basis."""
 
     K: int = DEFAULT_K
     H: int = DEFAULT_H
     top: int = SCREEN_TOP
+    replicates: int = DEFAULT_REPLICATES
     basis: str = "rented"
     cost: CostConfig | None = None
 
@@ -64,6 +67,9 @@ class BranchSettings:
             "screening": f"stage 1: every candidate over the decided period only (H = 0, no drain); stage 2: "
             f"the {self.top} best of stage 1, production's plan (the gate's baseline) and, for the regret "
             f"audit, the chosen plan at H = {self.H} with the drain",
+            "replicates": self.replicates,
+            "noise": f"every branch averaged over {self.replicates} noise replicates (the realization and arrivals "
+            f"not yet arrived shifted later by under {NOISE_S * 1e3:.0f} ms, order kept; branching.py)",
             "drain_step_s": DRAIN_STEP_S,
             "drain_cap_s": DRAIN_CAP_S,
             "sla_gate": f"per-class violation rate within production's branch + {SLA_SLACK * 100:.1f} pp",
@@ -156,7 +162,7 @@ def run_hindsight(
         plans = ctx.plans(run, k)
         cmp = compare(run, plans, ctx.continuation(k), k * period_s, period_s, settings.H, gstar,
                       always=(f"ref:{start_from}",), top=settings.top, cost=settings.cost,
-                      basis=settings.basis)  # fmt: skip
+                      basis=settings.basis, replicates=settings.replicates)  # fmt: skip
         label, best = cmp.best(gate=f"ref:{start_from}")
         choices.append({
             "period": k, "chosen": label, "value": best.value, "gp_per_dollar": best.gp_per_dollar,
@@ -197,7 +203,8 @@ class RegretAudit:
         plans = [("chosen", plan), *self._ctx.plans(run, k)]
         s = self.settings
         cmp = compare(run, plans, self._ctx.continuation(k), k * self.period_s, self.period_s, s.H, self.gstar,
-                      always=("chosen",), top=s.top, cost=s.cost, basis=s.basis)  # fmt: skip
+                      always=("chosen",), top=s.top, cost=s.cost, basis=s.basis,
+                      replicates=s.replicates)  # fmt: skip
         best_label, best = cmp.best()
         chosen = cmp.full["chosen"]
         self.realized[k] = {
