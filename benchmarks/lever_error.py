@@ -8,7 +8,9 @@ both ways, autoscaler target, batch cap, precision, clock, deferral, token budge
 - predicted by the arm's own scorer at that decision (`AureliusPolicy.scorer()`: the forward model over the
   decided period, or over its horizon for `--arm aurelius-horizon`), as gp/$ relative to production's plan, and
 - realized on a branch of the ground truth (the plan for the decided period, production's plan for H = 2 more,
-  then the drain), as the branch's gp/$ relative to production's branch.
+  then the drain), as the branch's gp/$ relative to production's branch, averaged over `--replicates` noise
+  replicates each paired with production's branch on the same replicate (streams/replay/branching.py: a single
+  branch's difference between two plans is 9-19 % noise, benchmarks/branch_noise.py).
 
 Per lever it prints the sign agreement (share of decisions where predicted and realized differences have the
 same sign, differences below 0.5 % in both counted as agreeing), the mean realized difference, and the
@@ -37,7 +39,7 @@ from optimizer.margins import MARGINS_FILE, QUANTILE, margins_from_rows
 from optimizer.wiring import build_policy
 from schemas.fleet import default_fleet
 from schemas.plan import Plan
-from streams.replay.branching import branch_value, live_replicas
+from streams.replay.branching import DEFAULT_REPLICATES, branch_value, live_replicas, noise_seeds
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.tuning import lead_in_fleet
 from streams.workload.builder import build_workload
@@ -46,7 +48,7 @@ from worldmodel.groundtruth.runtime import Physics
 TIE = 0.005  # differences below 0.5 % in both directions count as agreeing (ratio)
 
 
-def measure(market: str, *, periods: int, every: int, seed: int, arm: str) -> list[dict[str, Any]]:
+def measure(market: str, *, periods: int, every: int, seed: int, arm: str, replicates: int) -> list[dict[str, Any]]:
     """Predicted and realized gp/$ differences vs production's plan at the sampled decisions of one market."""
     physics = Physics()
     fleet = default_fleet()
@@ -68,14 +70,15 @@ def measure(market: str, *, periods: int, every: int, seed: int, arm: str) -> li
         t0 = k * 300.0
         variants = lever_spread(ref, {"production": ref}, None, live_replicas(run))
         pred_ref = score(ref).outcome.gp_per_dollar
-        real_ref = branch_value(run, ref, ref, t0, 300.0, 2, 0.0)
+        seeds = noise_seeds(replicates)
+        real_ref = [branch_value(run, ref, ref, t0, 300.0, 2, 0.0, noise=r).gp_per_dollar for r in seeds]
         for label, p in variants:
             if label == "ref:production":
                 continue
             t = time.perf_counter()
             pred = score(p).outcome.gp_per_dollar
-            real = branch_value(run, p, ref, t0, 300.0, 2, 0.0)
-            realized = real.gp_per_dollar / real_ref.gp_per_dollar - 1.0
+            real = [branch_value(run, p, ref, t0, 300.0, 2, 0.0, noise=r).gp_per_dollar for r in seeds]
+            realized = float(np.mean([g / g_ref - 1.0 for g, g_ref in zip(real, real_ref, strict=True)]))
             rows.append({"market": market, "period": k, "lever": label, "predicted": pred / pred_ref - 1.0,
                          "realized": realized, "wall_s": time.perf_counter() - t})  # fmt: skip
         return plan
@@ -122,6 +125,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=2, help="measure every n-th decision (count)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arm", default="aurelius", help="the aurelius arm whose scorer predicts (its horizon or none)")
+    ap.add_argument("--replicates", type=int, default=DEFAULT_REPLICATES,
+                    help="noise replicates each realized difference is averaged over (count)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--write-margins", default=None, metavar="KIND=FILE,...",
                     help="write optimizer/lever_margins.json from recorded measurements (kinds: horizon, one_period) "
@@ -134,7 +139,8 @@ def main() -> None:
     rows = []
     for m in args.markets.split(","):
         t = time.perf_counter()
-        rows += measure(m, periods=args.periods, every=args.every, seed=args.seed, arm=args.arm)
+        rows += measure(m, periods=args.periods, every=args.every, seed=args.seed, arm=args.arm,
+                        replicates=args.replicates)
         print(f"{m}: {time.perf_counter() - t:.0f} s", flush=True)
     table = summarize(rows)
     print(f"{'lever':<22}{'n':>4}{'sign':>7}{'real':>9}{'pred':>9}{'err50':>9}{'err80':>9}{'|err|80':>9}")

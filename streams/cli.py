@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hindsight-k", type=int, default=16, help="hindsight candidates per period (>= 16)")
     p.add_argument("--branch-h", type=int, default=2, help="continuation periods H of every branch")
     p.add_argument("--branch-replicates", type=int, default=None,
-                   help="noise replicates every branch is averaged over (1: the realization alone; default "
+                   help="noise replicates every branch is averaged over, the realization left out (0: the realization "
+                        "alone, ruler v2's branch; default "
                         "streams/replay/branching.DEFAULT_REPLICATES)")
     p.add_argument(
         "--realized-regret", default="", metavar="POLICIES",

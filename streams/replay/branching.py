@@ -22,7 +22,9 @@ sub-millisecond event order. A single branch therefore ranks plans partly by noi
 and an oracle picking the best of K single branches picks noise too. Replicate r > 0 of a branch shifts every
 request not yet arrived at the fork later by under NOISE_S (order kept; arrival timestamps are recorded in ms,
 so no record tells replicates apart); replicate 0 is the realization itself. `branch_mean` averages a plan's
-replicates, each paired with the same shifts for every plan it is compared with.
+replicates 1..R, each paired with the same shifts for every plan it is compared with, and leaves the
+realization out: a plan chosen on them is chosen on what the future's records say, not on the realization's own
+event order, which the committed plan then meets unselected (R = 0: the realization alone, ruler v2's branch).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ DEFAULT_K = SPREAD_K
 SCREEN_TOP = 3
 #: the largest arrival shift of a noise replicate (s): below the ms resolution of recorded arrival times
 NOISE_S = 1e-3
-#: noise replicates per branched plan (replicate 0: the realization itself)
+#: noise replicates per branched plan (replicates 1..R; 0: the realization alone)
 DEFAULT_REPLICATES = 4
 #: sampled decisions per run for realized regret (all of them when the window has fewer)
 REGRET_SAMPLES = 30
@@ -247,12 +249,21 @@ def branch_mean(
     H: int,
     g_star: float,
     *,
-    replicates: int = 1,
+    replicates: int = 0,
     **kw: Any,
 ) -> Branch:
-    """branch_value over noise replicates 0 .. replicates - 1, averaged (Branch.mean)."""
+    """branch_value over noise replicates 1 .. replicates, averaged (Branch.mean); 0: the realization alone."""
     return Branch.mean([branch_value(run, plan, continuation, t0, period_s, H, g_star, noise=r, **kw)
-                        for r in range(replicates)])  # fmt: skip
+                        for r in noise_seeds(replicates)])  # fmt: skip
+
+
+def noise_seeds(replicates: int) -> tuple[int, ...]:
+    """The noise replicates a branch averages: 1 .. replicates, or the realization (0) alone.
+
+    >>> noise_seeds(3), noise_seeds(0)
+    ((1, 2, 3), (0,))
+    """
+    return tuple(range(1, replicates + 1)) or (0,)
 
 
 # --- the hindsight arm's candidate plans ------------------------------------------------------------------
@@ -297,7 +308,7 @@ def compare(
     top: int = SCREEN_TOP,
     cost: CostConfig | None = None,
     basis: str = "rented",
-    replicates: int = 1,
+    replicates: int = 0,
 ) -> Comparison:
     """Two-stage: every plan over the decided period only; then the `top` best of that screen and the
     `always` labels at full H with the drain; every branch averaged over `replicates` noise replicates."""

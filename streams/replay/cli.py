@@ -442,8 +442,8 @@ def _check_branching(args: argparse.Namespace, policies: list[str]) -> None:
         raise SystemExit(f"--realized-regret names policies not replayed: {unknown}")
     if getattr(args, "hindsight", False) and args.hindsight_k < 16:
         raise SystemExit("--hindsight-k must be at least 16")
-    if _replicates(args) < 1:
-        raise SystemExit("--branch-replicates must be at least 1")
+    if _replicates(args) < 0:
+        raise SystemExit("--branch-replicates must be 0 (the realization alone) or more")
 
 
 def _tick(bar: Any) -> None:

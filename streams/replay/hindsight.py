@@ -68,8 +68,10 @@ class BranchSettings:
             f"the {self.top} best of stage 1, production's plan (the gate's baseline) and, for the regret "
             f"audit, the chosen plan at H = {self.H} with the drain",
             "replicates": self.replicates,
-            "noise": f"every branch averaged over {self.replicates} noise replicates (the realization and arrivals "
-            f"not yet arrived shifted later by under {NOISE_S * 1e3:.0f} ms, order kept; branching.py)",
+            "noise": f"every branch averaged over {self.replicates} noise replicates (arrivals not yet arrived "
+            f"shifted later by under {NOISE_S * 1e3:.0f} ms, order kept; the realization left out; branching.py)"
+            if self.replicates
+            else "the realization alone",
             "drain_step_s": DRAIN_STEP_S,
             "drain_cap_s": DRAIN_CAP_S,
             "sla_gate": f"per-class violation rate within production's branch + {SLA_SLACK * 100:.1f} pp",

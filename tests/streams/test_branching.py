@@ -19,7 +19,7 @@ from schemas.cost import gpu_cost_owned_usd
 from schemas.fleet import default_fleet
 from schemas.plan import Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
-from streams.replay.branching import Branch, branch_value, live_replicas, sample_periods
+from streams.replay.branching import Branch, branch_mean, branch_value, live_replicas, sample_periods
 from streams.replay.cli import _aggregate, _check_branching, _hindsight_flags
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.hindsight import HINDSIGHT, BranchSettings, RegretAudit, hindsight_check, run_hindsight
@@ -262,3 +262,29 @@ def test_hindsight_arm_flags_and_validity(wl: Workload, prod: RunResult) -> None
     assert market["policies"][HINDSIGHT]["oracle"] is True
     assert market["policies"][HINDSIGHT]["deployable"] is False
     assert market["hindsight"]["valid"] is False and market["hindsight"]["beaten_by"] == ["naive"]
+
+
+def test_noise_replicates_paired_and_leave_the_run_untouched(wl: Workload) -> None:
+    """A noise replicate is deterministic (the same shifts for every plan it is compared with), differs from
+    the realization, leaves the main run's arrivals alone, and branch_mean averages replicates 1..R."""
+    got: dict[str, object] = {}
+
+    def branches(k: int, run: RunResult, plan: Plan) -> Plan:
+        if k == 1:
+            before = run.runtime.req.arrival.copy()
+            got["r0"] = branch_value(run, plan, plan, k * P, P, 1, G_STAR)
+            got["r2"] = branch_value(run, plan, plan, k * P, P, 1, G_STAR, noise=2)
+            got["r2b"] = branch_value(run, plan, plan, k * P, P, 1, G_STAR, noise=2)
+            got["reps"] = [branch_value(run, plan, plan, k * P, P, 1, G_STAR, noise=r) for r in (1, 2, 3)]
+            got["mean"] = branch_mean(run, plan, plan, k * P, P, 1, G_STAR, replicates=3)
+            got["untouched"] = bool(np.array_equal(before, run.runtime.req.arrival))
+        return plan
+
+    _run(wl, create("production"), branches)
+    r0, r2, r2b, mean = got["r0"], got["r2"], got["r2b"], got["mean"]
+    assert _same(r2, r2b)
+    assert got["untouched"]
+    assert (r2.sla_met, r2.cost_usd) != (r0.sla_met, r0.cost_usd) or r2.end_s != r0.end_s
+    assert mean.replicates == 3
+    assert mean.value == pytest.approx(np.mean([b.value for b in got["reps"]]))
+    assert mean.cost_usd == pytest.approx(np.mean([b.cost_usd for b in got["reps"]]))
