@@ -311,14 +311,17 @@ def compare(
     replicates: int = 0,
 ) -> Comparison:
     """Two-stage: every plan over the decided period only; then the `top` best of that screen and the
-    `always` labels at full H with the drain; every branch averaged over `replicates` noise replicates."""
-    kw: dict[str, Any] = {"cost": cost, "basis": basis, "replicates": replicates}
-    screened = {lbl: branch_mean(run, p, continuation, t0, period_s, 0, g_star, drain=False, label=lbl, **kw)
+    `always` labels at full H with the drain, averaged over `replicates` noise replicates (the screen on the first
+    of them alone)."""
+    kw: dict[str, Any] = {"cost": cost, "basis": basis}
+    screened = {lbl: branch_mean(run, p, continuation, t0, period_s, 0, g_star, drain=False, label=lbl,
+                                 replicates=min(replicates, 1), **kw)
                 for lbl, p in plans}  # fmt: skip
     ranked = sorted(screened, key=lambda lbl: screened[lbl].value, reverse=True)
     keep = list(dict.fromkeys([*always, *ranked[:top]]))
     by_label = dict(plans)
-    full = {lbl: branch_mean(run, by_label[lbl], continuation, t0, period_s, H, g_star, label=lbl, **kw)
+    full = {lbl: branch_mean(run, by_label[lbl], continuation, t0, period_s, H, g_star, label=lbl,
+                             replicates=replicates, **kw)
             for lbl in keep}  # fmt: skip
     return Comparison(screened, full)
 

@@ -68,8 +68,9 @@ class BranchSettings:
             f"the {self.top} best of stage 1, production's plan (the gate's baseline) and, for the regret "
             f"audit, the chosen plan at H = {self.H} with the drain",
             "replicates": self.replicates,
-            "noise": f"every branch averaged over {self.replicates} noise replicates (arrivals not yet arrived "
-            f"shifted later by under {NOISE_S * 1e3:.0f} ms, order kept; the realization left out; branching.py)"
+            "noise": f"every stage-2 branch averaged over {self.replicates} noise replicates (arrivals not yet "
+            f"arrived shifted later by under {NOISE_S * 1e3:.0f} ms, order kept; the realization left out; the "
+            f"stage-1 screen on the first replicate; branching.py)"
             if self.replicates
             else "the realization alone",
             "drain_step_s": DRAIN_STEP_S,
