@@ -25,7 +25,6 @@ import json
 import subprocess
 import time
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType, default_fleet
 from schemas.plan import Plan, PoolPlan
 from streams.replay.branching import branch_value
 from streams.replay.driver import RunResult, run_replay
-from streams.replay.tuning import lead_in_fleet
+from streams.replay.tuning import week_before
 from streams.workload.builder import build_workload
 from worldmodel.groundtruth.runtime import Physics
 
@@ -60,9 +59,7 @@ def measure(market: str, *, periods: int, seed: int, replicates: int) -> list[di
     physics = Physics()
     fleet = default_fleet()
     window = build_workload(market, 2023, rule="max", periods=1, seed=seed).window
-    past = window.start - timedelta(days=7)
-    wl = build_workload(market, past.year, start=past, periods=periods, period_minutes=5.0, seed=seed + 7919)
-    initial = lead_in_fleet(market, past, fleet, seed=seed, physics=physics)
+    wl, initial = week_before(market, window.start, fleet, seed=seed, physics=physics, periods=periods)
     policy = build_policy("production", wl, seed, period_s=300.0, window_periods=periods, audit=False,
                           also_references=())  # fmt: skip
     rows: list[dict[str, Any]] = []

@@ -29,7 +29,6 @@ import json
 import subprocess
 import time
 from collections import defaultdict
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,7 @@ from schemas.fleet import default_fleet
 from schemas.plan import Plan
 from streams.replay.branching import DEFAULT_REPLICATES, branch_value, live_replicas, noise_seeds
 from streams.replay.driver import RunResult, run_replay
-from streams.replay.tuning import lead_in_fleet
+from streams.replay.tuning import week_before
 from streams.workload.builder import build_workload
 from worldmodel.groundtruth.runtime import Physics
 
@@ -53,9 +52,7 @@ def measure(market: str, *, periods: int, every: int, seed: int, arm: str, repli
     physics = Physics()
     fleet = default_fleet()
     window = build_workload(market, 2023, rule="max", periods=1, seed=seed).window
-    past = window.start - timedelta(days=7)
-    wl = build_workload(market, past.year, start=past, periods=periods, period_minutes=5.0, seed=seed + 7919)
-    initial = lead_in_fleet(market, past, fleet, seed=seed, physics=physics)
+    wl, initial = week_before(market, window.start, fleet, seed=seed, physics=physics, periods=periods)
     policy = build_policy(arm, wl, seed, period_s=300.0, window_periods=periods, audit=False,
                           also_references=())  # fmt: skip
     rows: list[dict[str, Any]] = []

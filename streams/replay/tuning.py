@@ -71,11 +71,28 @@ def tune_static(
     period_minutes: float = 5.0,
 ) -> Tuning:
     """Search the configurations on the window one week before `window_start` (periods x period_minutes)."""
+    wl, initial = week_before(market, window_start, fleet, seed=seed, physics=physics, periods=periods,
+                              period_minutes=period_minutes)  # fmt: skip
+    return tune_on(wl, initial, fleet, window_start - timedelta(days=7), physics=physics, periods=periods,
+                   period_minutes=period_minutes)  # fmt: skip
+
+
+def week_before(
+    market: str,
+    window_start: datetime,
+    fleet: FleetSpec,
+    *,
+    seed: int,
+    physics: Physics | None = None,
+    periods: int = TUNE_PERIODS,
+    period_minutes: float = 5.0,
+) -> tuple[Workload, dict[tuple[str, str, str], int]]:
+    """The workload of the `periods` one week before `window_start` (its own seed) and the fleet it starts
+    from (`lead_in_fleet`): the data a replay of the window may tune and measure on."""
     past = window_start - timedelta(days=7)
     wl = build_workload(market, past.year, start=past, periods=periods, period_minutes=period_minutes,
                         seed=seed + 7919)  # fmt: skip
-    initial = lead_in_fleet(market, past, fleet, seed=seed, physics=physics)
-    return tune_on(wl, initial, fleet, past, physics=physics, periods=periods, period_minutes=period_minutes)
+    return wl, lead_in_fleet(market, past, fleet, seed=seed, physics=physics)
 
 
 def tune_on(
