@@ -10,7 +10,7 @@ both ways, autoscaler target, batch cap, precision, clock, deferral, token budge
 - realized on a branch of the ground truth (the plan for the decided period, production's plan for H = 2 more,
   then the drain), as the branch's gp/$ relative to production's branch, averaged over `--replicates` noise
   replicates each paired with production's branch on the same replicate (streams/replay/branching.py: a single
-  branch's difference between two plans is 9-19 % noise, benchmarks/branch_noise.py).
+  branch's difference between two plans has a noise sd of 14-21 %, benchmarks/branch_noise.py).
 
 Per lever it prints the sign agreement (share of decisions where predicted and realized differences have the
 same sign, differences below 0.5 % in both counted as agreeing), the mean realized difference, and the

@@ -16,7 +16,7 @@ Definitions: docs/metrics.md "Counterfactual branching". This module runs the gr
 oracle's tool: the planner (optimizer/) never imports it.
 
 Noise replicates: the ground truth is chaotic at the branch's scale. A plan 1 MHz off production's clock (a
-0.05 % change of decode speed) realizes gp/$ differences with a spread of 9-19 % per decision over a branch
+0.05 % change of decode speed) realizes gp/$ differences over a branch with a spread (sd) of 14.5 % over 33 decisions
 (`benchmarks/branch_noise.py`): which replica a burst lands on, and when the autoscaler fires, turn on
 sub-millisecond event order. A single branch therefore ranks plans partly by noise that no record could predict,
 and an oracle picking the best of K single branches picks noise too. Replicate r > 0 of a branch shifts every
