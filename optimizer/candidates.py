@@ -303,7 +303,6 @@ def _milp_plan(
     if sol is None:
         return None
     surge = _surge_ratio(now)
-    ref_ceiling = {p.key: p.replica_ceiling for p in inp.reference.pools}
     ref_floor = {p.key: p.replica_floor for p in inp.reference.pools}
     floors = _prewarm_floors(inp, {q.key: sol.replicas[q.key] for q in pools})
     # no arrivals forecast (the drain): only held deferrable work is left, and the ceiling is what releasing it
@@ -312,9 +311,9 @@ def _milp_plan(
     sized = []
     for q in pools:
         n = sol.replicas[q.key]
-        # the autoscaler's room above the floor: at least the reference's (an unused ceiling costs nothing on
-        # either basis; a tight one turns a burst the forecast missed into TTFT violations)
-        headroom = max(math.ceil(n * surge) + (1 if n else 0), ref_ceiling.get(q.key, 0))
+        # the autoscaler's room above the floor: the 95% demand bound and one replica (a room up to the reference's
+        # ceilings is no longer free: the forward model prices the backlog trigger's surges into it, transients.py)
+        headroom = math.ceil(n * surge) + (1 if n else 0)
         room = max(n, floors[q.key], ref_floor[q.key]) if drain else headroom
         ceiling = min(inp.space.pool(q.key).max_replicas, room)
         sized.append(replace(q, replica_floor=floors[q.key], replica_ceiling=ceiling))
