@@ -25,7 +25,7 @@ import numpy as np
 
 from optimizer.capacity_milp import SizingPool, size_capacity
 from optimizer.deferral_lp import risk_adjusted_price
-from optimizer.lever_spread import lever_spread
+from optimizer.lever_spread import CAPS_WITHOUT_ROOM, ceiling_room, lever_spread
 from optimizer.levers import LeverSpace, PoolLevers, plan_key
 from optimizer.replica_capacity import idle_power_w, kv_sequences, replica_power_w, replica_rps
 from schemas.cost import CostConfig
@@ -167,7 +167,8 @@ def generate(inp: GenerationInputs, mode: str = "full") -> list[Plan]:
         out.append(replace(inp.reference, batch_admission=inp.admission, label="reference+deferral"))
     if mode == "full":  # capacity both ways and one lever at a time around the reference (the ruler's spread)
         live = {k: int(v) for k, v in inp.current_replicas.items()}
-        out += [p for _, p in lever_spread(inp.reference, {}, None, live, k_min=0)]
+        out += [p for name, p in lever_spread(inp.reference, {}, None, live, k_min=0) if name not in CAPS_WITHOUT_ROOM]
+        out.append(ceiling_room(inp.reference, live))
     if inp.site_placement and len({p.site for p in inp.reference.pools}) > 1:
         prices = site_prices(inp)
         out += [_placed(inp, p, prices) for p in out]
