@@ -379,9 +379,9 @@ class AureliusPolicy(Policy):
             "deferred_backlog": Tagged(f.deferred_backlog_requests, "requests", Provenance.MEASURED,
                                        "observed arrivals - completions"),
         } | {  # the autoscaler's surges the forward model prices (worldmodel/transients.py)
-            f"surge_rate.{model}": Tagged(rate * 3600.0, "1/h", Provenance.MEASURED,
+            f"surge_rate.{model}": Tagged(rate, "1/h", Provenance.MEASURED,
                                           "replica starts in the fleet's events, with a prior")
-            for model, rate in self.world_model.snapshot(as_of).surge_rate_per_s.items()
+            for model, rate in self.world_model.surge_rates(as_of).items()
         }
         out: dict[str, dict[str, object]] = self._config_inputs() | {k: v.as_dict() for k, v in tagged.items()}
         known = {p.value for p in Provenance}

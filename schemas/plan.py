@@ -62,6 +62,9 @@ class PoolPlan:
 #: The runtime autoscaler's scale-down stabilization window (s): a scale-down waits until the largest desired
 #: count of the last 300 s allows it (Kubernetes HPA's default, as the runtime runs it).
 AUTOSCALER_STABILIZATION_S = 300.0
+#: The runtime autoscaler's tolerance: it leaves the count alone while its utilization is within +-10% of the
+#: target (ratio).
+AUTOSCALER_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,7 @@ def _serve_model(
     lam = load.lam_i + load.lam_b
     mus = [mu_replica(sm, p, load) for p in pools]
     util_s = util_per_request(sm, pools[0], load) if pools else 0.0
-    counts = place(plan, pools, mus, lam, free, util_s)
+    counts = place(plan, pools, mus, lam, free, util_s, T)
     # the router sends work to warm replicas only: a pool's share follows its serving capacity
     serving = [serving_replicas(p, n, T) for p, n in zip(pools, counts, strict=True)]
     weights = [m * s for m, s in zip(mus, serving, strict=True)]

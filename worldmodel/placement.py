@@ -8,20 +8,23 @@ import math
 
 from schemas.plan import Plan
 from worldmodel.queueing import Pool
+from worldmodel.transients import held_share
 
 
 def place(
     plan: Plan, pools: list[Pool], mus: list[float], lam: float, free: dict[tuple[str, str], float],
-    util_s: float = 0.0,
+    util_s: float = 0.0, period_s: float = 300.0,
 ) -> list[float]:
     """Replicas per pool of one model, as the runtime's autoscaler places them (count).
 
     The model's desired count is what keeps the replicas at the autoscale target (by throughput, and by the
     runtime's own metric: batch slots held plus prefill share, `util_s` per request), clamped to the plan's
-    summed floor and ceiling. Scale-up is immediate; scale-down waits out the 300 s stabilization window,
-    which spans the period, so existing replicas are kept, except those only the in-force plan's floor held
-    (`snapshot.floors`) that this plan's floor lets go: the autoscaler's history of desired counts is taken
-    before the floor clamp, so it releases them at once unless its own count needs them. Tried and measured
+    summed floor and ceiling. Scale-up is immediate. Scale-down waits out the 300 s stabilization window, run
+    from the last scale-up's end: existing replicas more than 10% above the need go once it allows
+    (`transients.held_share`; the count is then time-averaged over the period of `period_s` s), except those
+    only the in-force plan's floor held (`snapshot.floors`) that this plan's floor lets go: the autoscaler's
+    history of desired counts is taken before the floor clamp, so it releases them at once unless its own count
+    needs them. Before, every existing replica was held for the whole period. Tried and measured
     worse: a half-period decay; scaling down to what the telemetry's running sequences per batch slot ask
     for (it misses the prefill share of the runtime's metric and predicted the reference's 8B pool to
     collapse to one replica); the same plus the GPU busy share (always 1.0 on a decoding 70B pool). The count
@@ -36,8 +39,12 @@ def place(
     floors = [p.plan.replica_floor for p in pools]
     if plan.autoscale:
         mu_pref = mus[0] if mus else 0.0
-        need = math.ceil(lam * max(1.0 / max(mu_pref, 1e-12), util_s) / plan.autoscale_target) if lam > 0 else 0
-        desired = float(max(need, sum(p.current - p.released for p in pools)))
+        exact = lam * max(1.0 / max(mu_pref, 1e-12), util_s) / plan.autoscale_target if lam > 0 else 0.0
+        need = math.ceil(exact)
+        kept = float(sum(p.current - p.released for p in pools))
+        if kept > need:  # the surplus goes once the stabilization window allows (time-averaged over the period)
+            kept = need + (kept - need) * held_share(pools, exact, kept, period_s)
+        desired = max(float(need), kept)
         desired = min(max(desired, sum(floors)), sum(p.plan.replica_ceiling for p in pools))
     else:
         desired = float(sum(floors))
@@ -54,9 +61,9 @@ def place(
 
     for k in range(len(pools)):
         grow(k, floors[k])
-    for k, p in enumerate(pools):
-        kept = max(p.current - p.released, floors[k])
-        grow(k, min(p.plan.replica_ceiling, kept) if plan.autoscale else floors[k])
+    for k, p in enumerate(pools):  # existing replicas, in the plan's order (the runtime drains the last first)
+        kept_k = max(p.current - p.released, floors[k])
+        grow(k, min(p.plan.replica_ceiling, kept_k) if plan.autoscale else floors[k])
     if plan.autoscale:
         sites = list(dict.fromkeys(p.plan.site for p in pools))
         if len(sites) > 1:  # one autoscaler per site: each grows by its share of the load, so growth

@@ -29,6 +29,7 @@ class Pool:
     chunk_s: float  # compute time of one full chunked-prefill budget (s)
     released: int = 0  # replicas held only by the in-force plan's floor that this plan's floor lets go (count)
     power_clock_mhz: float = 0.0  # the clock its power is drawn at: the plan's, capped by the observed (MHz)
+    warm_age_s: float = math.inf  # since its last scale-up ended (s; snapshot.PoolState.warm_age_s)
 
 
 @dataclass
@@ -84,7 +85,8 @@ def pool_static(sm: ServingModel, snap: FleetSnapshot, p: PoolPlan) -> Pool:
     released = max(min(current, snap.floors.get(p.key, 0)) - p.replica_floor, 0)
     # the power cap and heat hold the clock below the applied one; a lower plan clock runs cooler (untouched)
     throttled = state.clock_eff_mhz if state.clock_eff_mhz > 0 else cfg.sm_clock_mhz
-    return Pool(p, cfg, current, reloads, load_s, left, chunk_s, released, min(cfg.sm_clock_mhz, throttled))
+    return Pool(p, cfg, current, reloads, load_s, left, chunk_s, released, min(cfg.sm_clock_mhz, throttled),
+                state.warm_age_s)
 
 
 def batch_cap(sm: ServingModel, p: Pool, ctx: float) -> float:

@@ -28,6 +28,8 @@ class PoolState:
     running, waiting : mean sequences running / waiting per warm replica over the last minute (count).
     clock_eff_mhz : mean SM clock the warm replicas' GPUs reported over the last minute (MHz; 0 when none):
         below the applied clock when the power cap or heat throttles them.
+    warm_age_s : seconds since the pool's newest warm replica last changed state (became ready, or was
+        reconfigured; inf when none is warm): when the last scale-up ended.
     """
 
     site: str
@@ -44,6 +46,7 @@ class PoolState:
     running: float = 0.0
     waiting: float = 0.0
     clock_eff_mhz: float = 0.0
+    warm_age_s: float = math.inf
 
     @property
     def key(self) -> PoolKey:
@@ -133,7 +136,8 @@ SELECT site, model, gpu_type, count(*) FILTER (WHERE state = 'warm') AS warm,
        list(epoch($as_of::TIMESTAMPTZ - since_at)) FILTER (WHERE state = 'loading') AS loading_elapsed_s,
        coalesce(avg(tel.running) FILTER (WHERE state = 'warm'), 0) AS running,
        coalesce(avg(tel.waiting) FILTER (WHERE state = 'warm'), 0) AS waiting,
-       coalesce(avg(tel.clock) FILTER (WHERE state = 'warm'), 0) AS clock_eff_mhz
+       coalesce(avg(tel.clock) FILTER (WHERE state = 'warm'), 0) AS clock_eff_mhz,
+       min(epoch($as_of::TIMESTAMPTZ - since_at)) FILTER (WHERE state = 'warm') AS warm_age_s
 FROM r LEFT JOIN tel USING (replica_id) GROUP BY ALL ORDER BY ALL
 """
 _QUEUES_SQL = """
@@ -210,6 +214,7 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
             float(r["running"]),
             float(r["waiting"]),
             float(r["clock_eff_mhz"]),
+            float(r["warm_age_s"]) if r["warm_age_s"] is not None else math.inf,
         )
         for r in state.frame(_POOLS_SQL, p).iter_rows(named=True)
     )

@@ -29,7 +29,15 @@ import polars as pl
 
 from optimizer.baselines.production import ProductionPolicy
 from schemas.fleet import default_max_num_seqs
-from schemas.plan import AUTOSCALER_STABILIZATION_S, BatchAdmission, Ordering, Plan, PoolPlan, Routing
+from schemas.plan import (
+    AUTOSCALER_STABILIZATION_S,
+    AUTOSCALER_TOLERANCE,
+    BatchAdmission,
+    Ordering,
+    Plan,
+    PoolPlan,
+    Routing,
+)
 from schemas.policy import History, Observations, Policy, PolicyContext
 from streams.history.checks import Records
 from streams.history.recorded import Spans
@@ -37,7 +45,7 @@ from streams.history.recorded import Spans
 TARGETS = np.round(np.arange(0.30, 0.951, 0.01), 2)
 STABILIZATION_S = (0.0, 60.0, 150.0, 300.0, 600.0, 900.0)
 #: The runtime's autoscaler constants the fit mirrors (worldmodel/groundtruth/scaler.py).
-BAND, WAITING_PER_REPLICA, RUNTIME_STABILIZATION_S = 0.1, 5.0, AUTOSCALER_STABILIZATION_S
+BAND, WAITING_PER_REPLICA, RUNTIME_STABILIZATION_S = AUTOSCALER_TOLERANCE, 5.0, AUTOSCALER_STABILIZATION_S
 DEFAULT_TARGET = 0.8
 #: Hours at the start of the range replayed to refine the target, and the bisection's steps.
 FIT_HOURS = 24.0

@@ -66,3 +66,17 @@ def test_a_plan_leaving_the_autoscaler_room_pays_for_its_surges():
     for plan in (tight, static):  # no room above the count, or no autoscaler: nothing to surge into
         assert fm.evaluate(surging, plan, f).gpu_hours == pytest.approx(fm.evaluate(calm, plan, f).gpu_hours)
 
+
+
+def test_after_a_surge_the_surplus_goes_once_the_stabilization_window_has_run():
+    fm = ForwardModel(ServingModel(), CostConfig(), inventory={(SITE, "H100"): 64})
+    surged = PoolState(SITE, M70, "H100", 14, 0, 0, 4, "bf16", 1980.0, 256)  # 14 replicas for ~4 replicas' load
+
+    def replicas(age_s: float) -> float:
+        snap = FleetSnapshot(T0, (replace(surged, warm_age_s=age_s),), ())
+        plan = Plan((PoolPlan(SITE, M70, "H100", 1, 16, 4, "bf16", 256, 1980),))
+        return fm.evaluate(snap, plan, _forecast()).pool_replicas[(SITE, M70, "H100")]
+
+    assert replicas(0.0) == 14  # the scale-up just ended: the window spans the period
+    assert 1 < replicas(600.0) < replicas(150.0) < 14  # none of the period held, or half of it
+    assert replicas(150.0) == pytest.approx((14 + replicas(600.0)) / 2)  # time-averaged
