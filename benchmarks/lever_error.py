@@ -3,8 +3,7 @@
 For each market, on the hour one week before its default window (data the replay of that window may use:
 nothing of the window itself), aurelius decides every 5-minute period; at every other decision the lever
 variants of the lever spread (optimizer/lever_spread.py, the hindsight arm's plans, around production's plan: capacity
-both ways, autoscaler target, batch cap, precision, clock, deferral, token budget), and the planner's own capacity cap
-with room (`ceiling_room`), are
+both ways, autoscaler target, batch cap, precision, clock, deferral, token budget) are
 
 - predicted by the arm's own scorer at that decision (`AureliusPolicy.scorer()`: the forward model over the
   decided period, or over its horizon for `--arm aurelius-horizon`), as gp/$ relative to production's plan, and
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.lever_spread import ceiling_room, lever_spread
+from optimizer.lever_spread import lever_spread
 from optimizer.margins import MARGINS_FILE, QUANTILE, margins_from_rows
 from optimizer.wiring import build_policy
 from schemas.fleet import default_fleet
@@ -66,8 +65,7 @@ def measure(market: str, *, periods: int, every: int, seed: int, arm: str, repli
         if score is None or ref is None:
             return plan
         t0 = k * 300.0
-        live = live_replicas(run)
-        variants = [*lever_spread(ref, {"production": ref}, None, live), ("ceiling-room", ceiling_room(ref, live))]
+        variants = lever_spread(ref, {"production": ref}, None, live_replicas(run))
         pred_ref = score(ref).outcome.gp_per_dollar
         seeds = noise_seeds(replicates)
         real_ref = [branch_value(run, ref, ref, t0, 300.0, 2, 0.0, noise=r).gp_per_dollar for r in seeds]

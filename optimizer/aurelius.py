@@ -324,7 +324,7 @@ class AureliusPolicy(Policy):
             audit = run_audit(audit_grid(ref_plan, audit_space), grid_score, grid_score(decision.plan).score)
         self._record = build_record(
             policy=self.name, markets=self._ctx.markets, period_index=period_index, as_of=as_of,
-            inputs=self._inputs(forecasts[0], as_of), forecasts=forecasts, decision=decision, search=result,
+            inputs=self._inputs(forecasts[0]), forecasts=forecasts, decision=decision, search=result,
             reference=reference, audit=audit, decision_ms=decision_ms,
             extra={**extra, "audit_grid_size": n_grid, "future_price_ratio": objective.future_price_ratio,
                    **_horizon_extra(paths, decision.plan, reference.plan)},
@@ -371,17 +371,12 @@ class AureliusPolicy(Policy):
         }
         return {k: v.as_dict() for k, v in tagged.items()}
 
-    def _inputs(self, f: DisturbanceForecast, as_of: datetime) -> dict[str, dict[str, object]]:
+    def _inputs(self, f: DisturbanceForecast) -> dict[str, dict[str, object]]:
         m = Provenance.MODELED
-        assert self.world_model is not None
         tagged = {
             "forecast_confidence": Tagged(f.confidence, "ratio", m, "forecasting"),
             "deferred_backlog": Tagged(f.deferred_backlog_requests, "requests", Provenance.MEASURED,
                                        "observed arrivals - completions"),
-        } | {  # the autoscaler's surges the forward model prices (worldmodel/transients.py)
-            f"surge_rate.{model}": Tagged(rate, "1/h", Provenance.MEASURED,
-                                          "replica starts in the fleet's events, with a prior")
-            for model, rate in self.world_model.surge_rates(as_of).items()
         }
         out: dict[str, dict[str, object]] = self._config_inputs() | {k: v.as_dict() for k, v in tagged.items()}
         known = {p.value for p in Provenance}

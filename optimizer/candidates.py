@@ -25,7 +25,7 @@ import numpy as np
 
 from optimizer.capacity_milp import SizingPool, size_capacity
 from optimizer.deferral_lp import risk_adjusted_price
-from optimizer.lever_spread import CAPS_WITHOUT_ROOM, ceiling_room, lever_spread
+from optimizer.lever_spread import lever_spread
 from optimizer.levers import LeverSpace, PoolLevers, plan_key
 from optimizer.replica_capacity import idle_power_w, kv_sequences, replica_power_w, replica_rps
 from schemas.cost import CostConfig
@@ -167,8 +167,7 @@ def generate(inp: GenerationInputs, mode: str = "full") -> list[Plan]:
         out.append(replace(inp.reference, batch_admission=inp.admission, label="reference+deferral"))
     if mode == "full":  # capacity both ways and one lever at a time around the reference (the ruler's spread)
         live = {k: int(v) for k, v in inp.current_replicas.items()}
-        out += [p for name, p in lever_spread(inp.reference, {}, None, live, k_min=0) if name not in CAPS_WITHOUT_ROOM]
-        out.append(ceiling_room(inp.reference, live))
+        out += [p for _, p in lever_spread(inp.reference, {}, None, live, k_min=0)]
     if inp.site_placement and len({p.site for p in inp.reference.pools}) > 1:
         prices = site_prices(inp)
         out += [_placed(inp, p, prices) for p in out]
@@ -304,6 +303,7 @@ def _milp_plan(
     if sol is None:
         return None
     surge = _surge_ratio(now)
+    ref_ceiling = {p.key: p.replica_ceiling for p in inp.reference.pools}
     ref_floor = {p.key: p.replica_floor for p in inp.reference.pools}
     floors = _prewarm_floors(inp, {q.key: sol.replicas[q.key] for q in pools})
     # no arrivals forecast (the drain): only held deferrable work is left, and the ceiling is what releasing it
@@ -312,9 +312,9 @@ def _milp_plan(
     sized = []
     for q in pools:
         n = sol.replicas[q.key]
-        # the autoscaler's room above the floor: the 95% demand bound and one replica (a room up to the reference's
-        # ceilings is no longer free: the forward model prices the backlog trigger's surges into it, transients.py)
-        headroom = math.ceil(n * surge) + (1 if n else 0)
+        # the autoscaler's room above the floor: at least the reference's (an unused ceiling costs nothing on
+        # either basis; a tight one turns a burst the forecast missed into TTFT violations)
+        headroom = max(math.ceil(n * surge) + (1 if n else 0), ref_ceiling.get(q.key, 0))
         room = max(n, floors[q.key], ref_floor[q.key]) if drain else headroom
         ceiling = min(inp.space.pool(q.key).max_replicas, room)
         sized.append(replace(q, replica_floor=floors[q.key], replica_ceiling=ceiling))

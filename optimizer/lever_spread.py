@@ -39,27 +39,6 @@ def _same(a: Plan, b: Plan) -> bool:
     return replace(a, label="", notes=()) == replace(b, label="", notes=())
 
 
-#: Room a planner's capacity cap leaves above the live count (ratio, then one replica more): committed every period,
-#: a cap at or below the live count (the spread's ceiling-live, ceiling-75, static-live) never lets the fleet grow,
-#: and the one-period forward model cannot see that (a new replica loads longer than a period). Modeled, not fitted.
-CAP_ROOM = 1.25
-#: Spread plans the planner does not propose (the ruler still branches them): caps without room.
-CAPS_WITHOUT_ROOM = ("ceiling-live", "ceiling-75", "static-live")
-
-
-def ceiling_room(base: Plan, live: dict[tuple[str, str, str], int], prefix: str = "spread") -> Plan:
-    """`base` with each pool's ceiling at the live count x CAP_ROOM plus one (within its floor and its ceiling):
-    the autoscaler may follow the load, not surge to the whole inventory (worldmodel/transients.py).
-
-    >>> p = PoolPlan("s", "m", "H100", 1, 32, 4, "bf16", 256, 1980)
-    >>> ceiling_room(Plan((p,)), {("s", "m", "H100"): 8}).pools[0].replica_ceiling
-    11
-    """
-    return replace(_pools(base, lambda p: replace(p, replica_ceiling=min(
-        p.replica_ceiling, max(p.replica_floor, math.ceil(live.get(p.key, 0) * CAP_ROOM) + 1)))),
-        label=f"{prefix}: ceiling-room")  # fmt: skip
-
-
 def lever_spread(
     base: Plan,
     references: dict[str, Plan],

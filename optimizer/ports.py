@@ -49,10 +49,6 @@ class WorldModelPort(Protocol):
 
     def serving(self) -> ServingModel: ...
 
-    def surge_rates(self, as_of: datetime) -> dict[str, float]:
-        """Per model, the autoscaler's surges per hour the fleet has shown by `as_of` (1/h)."""
-        ...
-
     def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
         """Warm + loading replicas per (site, model, gpu) as of `as_of` ({} when unknown)."""
         ...

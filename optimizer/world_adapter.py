@@ -149,10 +149,6 @@ class WorldStateModel:
         frame = self.state.frame(_PRICES_SQL, {"market": market, "as_of": as_of})
         return frame.with_columns(pl.col("interval_start").dt.convert_time_zone("UTC"))
 
-    def surge_rates(self, as_of: datetime) -> dict[str, float]:
-        """Per model, the autoscaler's surges per hour as of `as_of` (1/h; FleetSnapshot.surge_rate_per_s)."""
-        return {m: r * 3600.0 for m, r in self.snapshot(as_of).surge_rate_per_s.items()}
-
     def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
         """Warm + loading replicas per (site, model, gpu) as of `as_of`, from the state."""
         return {p.key: p.warm + p.loading for p in self.snapshot(as_of).pools}

@@ -6,11 +6,10 @@ the GPU power of 5 (queueing.py), the class tails of 3-4 (outcomes.py), the rest
 (model x GPU type x site):
 
 1. replicas: the autoscaler's count ceil(lambda / (target x mu_r)) clamped to [floor, ceiling]
-   (the floor when autoscaling is off); scale-down waits out its 300 s stabilization (a whole period);
-   new replicas and precision reloads hold their GPUs for the load time while serving nothing (a reload
-   takes the whole pool at once, as the runtime does, so what arrives meanwhile queues); the backlog
-   trigger's surges toward the ceilings, at the rate the fleet has shown them, add their expected
-   GPU-seconds (transients.py);
+   (the floor when autoscaling is off); replicas more than 10% above the need go once the 300 s
+   stabilization window, run from the last scale-up's end, allows (transients.py); new replicas and
+   precision reloads hold their GPUs for the load time while serving nothing (a reload takes the whole pool
+   at once, as the runtime does, so what arrives meanwhile queues);
 2. batch: Little's law, B = lambda_r x (T_prefill + n_out x TPOT(B)), solved by fixed point and capped by
    max_batch and the KV capacity; TPOT = t_decode(B) / (1 - lambda_r x T_prefill) (chunked prefill steals
    iteration time);
@@ -48,7 +47,6 @@ from worldmodel.placement import place, serving_replicas
 from worldmodel.queueing import Load, Pool, PoolResult, mu_replica, pool_static, serve_pool, util_per_request
 from worldmodel.servingmodel import ServingModel
 from worldmodel.snapshot import FleetSnapshot
-from worldmodel.transients import surge_gpu_s
 
 _SCENARIOS = ("point", "lo80", "hi80", "hi95")
 
@@ -190,16 +188,6 @@ class ForwardModel:
                 gpus_used[key] = gpus_used.get(key, 0.0) + r.replicas * p.plan.tp
                 gpu_hours[p.plan.gpu] = gpu_hours.get(p.plan.gpu, 0.0) + r.replicas * p.plan.tp * T / 3600.0
                 out.replicas[p.plan.key] = r.replicas
-        for model, (_, res, _, _) in served.items():  # the surges each model's autoscaler leaves room for
-            mpools = [p for p in pools if p.plan.model == model]
-            extra = surge_gpu_s(plan, mpools, [r.replicas for r in res], free, snap.surge_rate_per_s.get(model, 0.0), T)
-            for p, gpu_s in zip(mpools, extra, strict=True):
-                if gpu_s > 0.0:
-                    key = (p.plan.site, p.plan.gpu)
-                    gpus_used[key] = gpus_used.get(key, 0.0) + gpu_s / T
-                    gpu_hours[p.plan.gpu] = gpu_hours.get(p.plan.gpu, 0.0) + gpu_s / 3600.0
-                    idle_w = sm.gpu_power_w(p.plan.gpu, p.cfg.sm_clock_mhz, 0.0)
-                    power_w[p.plan.site] = power_w.get(p.plan.site, 0.0) + gpu_s / T * idle_w
         for d in fc.demand:  # class outcomes in the forecast's order
             load, res, mu, batch_info = served.get(d.model, (Load(0, 0, 0, 0, 0, 0), [], 0.0, (0.0, 0.0, 0.0)))
             queue = snap.queue(d.request_class)

@@ -85,9 +85,6 @@ class FleetSnapshot:
     engine_args : per pool, the KV-cache dtype and chunked-prefill token budget (tokens, None = the engine's
         default) of the plan in force, which fleet events do not carry (empty when unknown); the engine takes
         both at start-up, so a plan changing either restarts the pool's replicas.
-    surge_rate_per_s : per model seen in the fleet's events, how often it has surged (1/s; `surge_rate`): the
-        runtime autoscaler's backlog trigger taking the model toward its ceilings (worldmodel/transients.py
-        prices what that costs); a model not in it has no surge priced.
     """
 
     as_of: datetime
@@ -101,7 +98,6 @@ class FleetSnapshot:
     risk_band: float = 1.0
     floors: Mapping[PoolKey, int] = field(default_factory=dict)
     engine_args: Mapping[PoolKey, tuple[str, int | None]] = field(default_factory=dict)
-    surge_rate_per_s: Mapping[str, float] = field(default_factory=dict)
 
     def pool(self, key: PoolKey) -> PoolState | None:
         """The pool with this (site, model, gpu) key, or None."""
@@ -162,26 +158,6 @@ WITH g AS (SELECT site, modelName AS gpu, hostname, gpu AS idx, avg(DCGM_FI_DEV_
              AND event_at > $as_of::TIMESTAMPTZ - INTERVAL 60 SECOND GROUP BY ALL)
 SELECT site, gpu, coalesce(sum(w), 0) AS w, count(*) AS n, count(DISTINCT hostname) AS nodes FROM g GROUP BY ALL
 """
-#: A surge: at least this many replicas of a model started within one 5-minute bucket (count). The backlog trigger
-#: grows a model by x2 or +4 replicas per 15 s tick, so it starts this many within a minute of firing.
-SURGE_MIN_STARTS = 4
-#: Fleet history the surge rate is estimated over (s).
-SURGE_LOOKBACK_S = 7200.0
-#: The surge rate's prior (modeled, not fitted): PRIOR_SURGES surges in PRIOR_S seconds, added to the observed
-#: counts, so a short history leans on 0.5 per hour.
-SURGE_PRIOR_SURGES, SURGE_PRIOR_S = 0.5, 3600.0
-# Buckets of replica starts per model since the fleet's first event in the lookback; the first bucket (the
-# fleet's bring-up, or the lookback's cut) is left out, as its starts are no surge the history explains.
-_SURGES_SQL = """
-WITH ev AS (SELECT model, event_at, kind FROM fleet_event
-            WHERE arrived_at <= $as_of AND event_at <= $as_of AND event_at > $since),
-first AS (SELECT time_bucket(INTERVAL 5 MINUTE, min(event_at)) AS b0, min(event_at) AS t0 FROM ev),
-b AS (SELECT model, time_bucket(INTERVAL 5 MINUTE, event_at) AS bucket, count(*) AS n FROM ev
-      WHERE kind = 'replica_started' GROUP BY ALL)
-SELECT m.model, count(b.bucket) FILTER (WHERE b.n >= $min AND b.bucket > (SELECT b0 FROM first)) AS surges,
-       epoch($as_of::TIMESTAMPTZ - (SELECT t0 FROM first)) AS observed_s
-FROM (SELECT DISTINCT model FROM ev) m LEFT JOIN b USING (model) GROUP BY 1 ORDER BY 1
-"""
 _CAL_SQL = "SELECT * FROM calibration_state"
 _BAND_SQL = "SELECT band FROM risk_band WHERE recorded_at <= $as_of ORDER BY recorded_at DESC LIMIT 1"
 
@@ -233,8 +209,6 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
     power = state.frame(_POWER_SQL, p)
     cal = SelfCalibrator.from_state_frame(state.frame(_CAL_SQL))
     band = state.frame(_BAND_SQL, p)
-    surges = state.frame(_SURGES_SQL, {"as_of": as_of, "since": as_of - timedelta(seconds=SURGE_LOOKBACK_S),
-                                       "min": SURGE_MIN_STARTS})  # fmt: skip
     return FleetSnapshot(
         as_of=as_of,
         pools=pools,
@@ -247,17 +221,4 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
         ),
         corrections=cal.corrections(),
         risk_band=float(band["band"][0]) if band.height and not math.isnan(band["band"][0]) else 1.0,
-        surge_rate_per_s=MappingProxyType(
-            {r["model"]: surge_rate(int(r["surges"]), float(r["observed_s"] or 0.0))
-             for r in surges.iter_rows(named=True)}
-        ),
     )
-
-
-def surge_rate(surges: int, observed_s: float) -> float:
-    """Surges per second (1/s) from `surges` seen over `observed_s` (s), with the prior.
-
-    >>> round(surge_rate(0, 0.0) * 3600, 2), round(surge_rate(5, 7200.0) * 3600, 2)
-    (0.5, 1.83)
-    """
-    return (surges + SURGE_PRIOR_SURGES) / (max(observed_s, 0.0) + SURGE_PRIOR_S)

@@ -152,9 +152,6 @@ class FakeWorld:
     def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
         return {}
 
-    def surge_rates(self, as_of: datetime) -> dict[str, float]:
-        return {}
-
     def serving(self) -> ServingModel:
         return ServingModel()
 

@@ -248,9 +248,9 @@ def test_the_logging_streams_history_calibrates_only_what_came_before():
 
 def test_lowering_the_floor_in_force_releases_the_replicas_it_held(world, fm):
     _, snap = world  # 4 warm 70B and 4 warm 8B replicas
-    # a scale-up just ended (its stabilization spans the period); the surges and the scale-down after them
-    # have their own tests (test_transients.py)
-    snap = replace(snap, surge_rate_per_s={}, pools=tuple(replace(p, warm_age_s=0.0) for p in snap.pools))
+    # a scale-up just ended (its stabilization spans the period); the scale-down after it has its own test
+    # (test_transients.py)
+    snap = replace(snap, pools=tuple(replace(p, warm_age_s=0.0) for p in snap.pools))
     held = replace(snap, floors={(SITE, "llama-3.1-70b", "H100"): 4, (SITE, "llama-3.1-8b", "H100"): 4})
     low, f = _plan(n70=1, n8=1), _forecast(0.3)
     unknown = fm.evaluate(snap, low, f)  # no plan in force known: existing replicas ride out the stabilization
