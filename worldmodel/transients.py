@@ -28,7 +28,9 @@ def held_share(pools: list[Pool], need: float, kept: float, period_s: float) -> 
 
     The runtime scales down once its utilization has stayed more than 10% under target for the stabilization
     window, which runs from when its last scale-up ended: the newest warm replica's age (`Pool.warm_age_s`); a
-    scale-up still loading holds the whole period.
+    scale-up still loading holds the whole period. Replicas that outlived the window are held: the runtime's own
+    metric keeps them (releasing every replica above the throughput need predicted the settled reference 20-30%
+    under its realized fleet in steady periods, f4d65c0).
 
     >>> from schemas.plan import PoolPlan
     >>> from worldmodel.servingmodel import PoolConfig
@@ -37,10 +39,15 @@ def held_share(pools: list[Pool], need: float, kept: float, period_s: float) -> 
     >>> surged = Pool(pp, cfg, 30, 0, 332.0, (), 0.1, warm_age_s=120.0)  # ready 120 s ago, need 10 of 30
     >>> held_share([surged], 10.0, 30.0, 300.0), held_share([surged], 28.0, 30.0, 300.0)  # within 10%: kept
     (0.6, 1.0)
+    >>> from dataclasses import replace
+    >>> held_share([replace(surged, warm_age_s=400.0)], 10.0, 30.0, 300.0)  # settled: the runtime keeps them
+    1.0
     """
     if kept <= 0 or need >= kept * (1.0 - AUTOSCALER_TOLERANCE):
         return 1.0
     if any(p.loading_left_s for p in pools):
         return 1.0
     age = min((p.warm_age_s for p in pools if p.current > 0), default=math.inf)
-    return min(max(AUTOSCALER_STABILIZATION_S - age, 0.0) / period_s, 1.0)
+    if age >= AUTOSCALER_STABILIZATION_S:  # the window has run and the replicas stayed: the runtime's own metric
+        return 1.0  # (slots held, prefill share, KV) holds them, whatever the throughput need says
+    return min((AUTOSCALER_STABILIZATION_S - age) / period_s, 1.0)
