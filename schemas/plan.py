@@ -59,14 +59,6 @@ class PoolPlan:
         return (self.site, self.model, self.gpu)
 
 
-#: The runtime autoscaler's scale-down stabilization window (s): a scale-down waits until the largest desired
-#: count of the last 300 s allows it (Kubernetes HPA's default, as the runtime runs it).
-AUTOSCALER_STABILIZATION_S = 300.0
-#: The runtime autoscaler's tolerance: it leaves the count alone while its utilization is within +-10% of the
-#: target (ratio).
-AUTOSCALER_TOLERANCE = 0.1
-
-
 @dataclass(frozen=True)
 class Plan:
     """One control period's plan. `autoscale` False pins each pool at its floor (static fleet)."""

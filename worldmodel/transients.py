@@ -18,8 +18,15 @@ from __future__ import annotations
 
 import math
 
-from schemas.plan import AUTOSCALER_STABILIZATION_S, AUTOSCALER_TOLERANCE
 from worldmodel.queueing import Pool
+
+#: The runtime autoscaler's scale-down stabilization window (s): a scale-down waits until the largest desired
+#: count of the last 300 s allows it (Kubernetes HPA's default, as the runtime runs it; the ground truth's own
+#: copy is worldmodel/groundtruth/scaler.py, which the planner never imports).
+AUTOSCALER_STABILIZATION_S = 300.0
+#: The runtime autoscaler's tolerance: it leaves the count alone while its utilization is within +-10% of the
+#: target (ratio).
+AUTOSCALER_TOLERANCE = 0.1
 
 
 def held_share(pools: list[Pool], need: float, kept: float, period_s: float) -> float:

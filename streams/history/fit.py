@@ -29,18 +29,11 @@ import polars as pl
 
 from optimizer.baselines.production import ProductionPolicy
 from schemas.fleet import default_max_num_seqs
-from schemas.plan import (
-    AUTOSCALER_STABILIZATION_S,
-    AUTOSCALER_TOLERANCE,
-    BatchAdmission,
-    Ordering,
-    Plan,
-    PoolPlan,
-    Routing,
-)
+from schemas.plan import BatchAdmission, Ordering, Plan, PoolPlan, Routing
 from schemas.policy import History, Observations, Policy, PolicyContext
 from streams.history.checks import Records
 from streams.history.recorded import Spans
+from worldmodel.transients import AUTOSCALER_STABILIZATION_S, AUTOSCALER_TOLERANCE
 
 TARGETS = np.round(np.arange(0.30, 0.951, 0.01), 2)
 STABILIZATION_S = (0.0, 60.0, 150.0, 300.0, 600.0, 900.0)
