@@ -11,7 +11,7 @@ hold every existing replica for the whole period, which predicted the fleet one 
 
 The surge itself is not predicted: pricing surges at the fleet's observed rate into every plan that leaves the
 autoscaler room (tried at 1c365cc-c772c0e) over-predicted what capping the ceilings saves by 7-10 pp of gp/$ on
-the week-before hours, and the caps it chose raised chat violations by 3-11 pp (docs/worldmodel.md).
+the week-before hours, and the caps it chose raised chat violations by 1-11 pp (docs/worldmodel.md).
 """
 
 from __future__ import annotations
