@@ -38,7 +38,7 @@ from worldmodel.transients import AUTOSCALER_STABILIZATION_S, AUTOSCALER_TOLERAN
 TARGETS = np.round(np.arange(0.30, 0.951, 0.01), 2)
 STABILIZATION_S = (0.0, 60.0, 150.0, 300.0, 600.0, 900.0)
 #: The runtime's autoscaler constants the fit mirrors (worldmodel/groundtruth/scaler.py).
-BAND, WAITING_PER_REPLICA, RUNTIME_STABILIZATION_S = AUTOSCALER_TOLERANCE, 5.0, AUTOSCALER_STABILIZATION_S
+WAITING_PER_REPLICA = 5.0  # the tolerance and stabilization window: worldmodel/transients.py
 DEFAULT_TARGET = 0.8
 #: Hours at the start of the range replayed to refine the target, and the bisection's steps.
 FIT_HOURS = 24.0
@@ -122,7 +122,7 @@ def _series(records: Records, spans: Spans) -> list[dict[str, np.ndarray]]:
 def _predict(s: dict[str, np.ndarray], target: float, stab_s: float) -> np.ndarray:
     n, u, w = s["n"], s["u"], s["w"]
     ratio = u / target
-    desired = np.where(np.abs(ratio - 1.0) <= BAND, n, np.ceil(n * ratio))
+    desired = np.where(np.abs(ratio - 1.0) <= AUTOSCALER_TOLERANCE, n, np.ceil(n * ratio))
     backlog = np.ceil(w / WAITING_PER_REPLICA)
     desired = np.where(backlog > n, np.maximum(desired, backlog), desired)
     desired = np.minimum(desired, np.maximum(2 * n, n + 4))
@@ -148,8 +148,8 @@ def fit_autoscaler(records: Records, spans: Spans) -> AutoscalerFit | None:
     if not series:
         return None
     grid = [(t, s, *_sse(series, float(t), s)) for t in TARGETS for s in STABILIZATION_S]
-    t, s, err, m = min(grid, key=lambda g: (g[2], abs(g[0] - DEFAULT_TARGET), abs(g[1] - RUNTIME_STABILIZATION_S)))
-    d_err, _ = _sse(series, DEFAULT_TARGET, RUNTIME_STABILIZATION_S)
+    t, s, err, m = min(grid, key=lambda g: (g[2], abs(g[0] - DEFAULT_TARGET), abs(g[1] - AUTOSCALER_STABILIZATION_S)))
+    d_err, _ = _sse(series, DEFAULT_TARGET, AUTOSCALER_STABILIZATION_S)
     return AutoscalerFit(float(t), float(s), float(np.sqrt(err / m)), m, float(np.sqrt(d_err / m)))
 
 

@@ -35,7 +35,6 @@ from streams.history.fidelity import fidelity_table, print_fidelity, simulated_o
 from streams.history.fit import (
     DEFAULT_TARGET,
     FIT_HOURS,
-    RUNTIME_STABILIZATION_S,
     AutoscalerFit,
     RecordedFleetPolicy,
     Scaling,
@@ -73,6 +72,7 @@ from streams.replay.ruler import ruler_record
 from streams.replay.tuning import TUNE_PERIODS, Tuning, tune_on
 from streams.workload.builder import Workload
 from worldmodel.groundtruth.runtime import Physics
+from worldmodel.transients import AUTOSCALER_STABILIZATION_S
 
 AS_DEPLOYED, IMPOSED = "as-deployed", "as-deployed-imposed"
 #: results.json provenance of the figures a history replay adds.
@@ -120,14 +120,14 @@ def _fit_record(fit: AutoscalerFit | None, report: HistoryReport) -> dict[str, A
             "as-deployed runs production's defaults (target 0.8, 300 s)",
         )
         return None
-    if fit.stabilization_s != RUNTIME_STABILIZATION_S:
+    if fit.stabilization_s != AUTOSCALER_STABILIZATION_S:
         report.add(
             "fit",
             "assumed",
             "replay",
             0,
             f"fitted scale-down stabilization {fit.stabilization_s:.0f} s; the "
-            f"runtime's autoscaler keeps its {RUNTIME_STABILIZATION_S:.0f} s (reported, not applied)",
+            f"runtime's autoscaler keeps its {AUTOSCALER_STABILIZATION_S:.0f} s (reported, not applied)",
         )
     return {
         "records_fit": {
@@ -142,7 +142,7 @@ def _fit_record(fit: AutoscalerFit | None, report: HistoryReport) -> dict[str, A
             "span_hours": FIT_HOURS,
             "by_target": [{"target": t, **asdict(r)} for t, r in fit.refine_grid],
         },
-        "applied": {"target": fit.applied_target, "stabilization_s": RUNTIME_STABILIZATION_S},
+        "applied": {"target": fit.applied_target, "stabilization_s": AUTOSCALER_STABILIZATION_S},
     }
 
 
