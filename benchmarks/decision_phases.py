@@ -7,6 +7,7 @@ generation, the deferral LP, the search, the whole decision. It found the DuckDB
 (worldmodel/state/store.py, CHECKPOINT_THRESHOLD).
 
     python benchmarks/decision_phases.py --market ERCOT --seed 0
+    python benchmarks/decision_phases.py --market ERCOT --sites three   # the three-site decision (ERCOT's window)
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ import argparse
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 import optimizer.aurelius as aurelius_module
 import optimizer.wiring as wiring
-from schemas.fleet import default_fleet
+from schemas.fleet import MARKET_REGION, default_fleet
 from streams.replay.driver import run_replay
 from streams.workload.builder import build_workload
+from streams.workload.residency import assign_residency
 from worldmodel.state import WorldState
 
 TIMES: dict[str, list[float]] = defaultdict(list)
@@ -64,9 +67,16 @@ def main() -> None:
     ap.add_argument("--market", default="ERCOT")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--year", type=int, default=2023)
+    ap.add_argument("--sites", choices=("one", "three"), default="one",
+                    help="one: the market's site; three: ERCOT, PJM and CAISO sites share the market's window")
     args = ap.parse_args()
     wl = build_workload(args.market, args.year, rule="max", start=None, periods=None, period_minutes=5.0,
                         seed=args.seed, source="protocol")
+    markets = (args.market,) if args.sites == "one" else (args.market, *(m for m in MARKET_REGION if m != args.market))
+    fleet = default_fleet(markets)
+    if args.sites == "three":
+        regions = tuple(site.region for site in fleet.sites)
+        wl = replace(wl, requests=assign_residency(wl.requests, regions, args.market, seed=args.seed))
     policy = wiring.build_policy("aurelius", workload=wl, seed=args.seed, audit=False)
     _ingest_by_kind()
     _timed(WorldState, "aggregate_period", "aggregate")
@@ -79,8 +89,8 @@ def main() -> None:
     _timed(aurelius_module, "plan_deferral", "deferral LP")
     _timed(aurelius_module, "search", "search")
     _timed(policy, "plan", "decision (plan)")
-    run = run_replay(wl, policy, default_fleet((args.market,)), period_s=300.0)
-    print(f"{args.market} {args.year} seed {args.seed}: {len(run.decision_ms)} decisions, wall ms per phase")
+    run = run_replay(wl, policy, fleet, period_s=300.0)
+    print(f"{'+'.join(markets)} {args.year} seed {args.seed}: {len(run.decision_ms)} decisions, wall ms per phase")
     for label, v in TIMES.items():
         a = np.asarray(v)
         print(f"  {label:24s} n={a.size:3d}  p50 {np.median(a):7.1f}  p95 {np.percentile(a, 95):7.1f}  "
