@@ -1,7 +1,7 @@
 """Where an aurelius decision's time goes on a real window: wall time (ms) per phase, audit off.
 
 Runs the `aurelius` policy with the world model and forecasters wired in on one market's default window and
-prints p50 / p95 / max per phase: the forecasters' and the world model's updates (the DuckDB ingest per record
+prints p50 / p95 / max per phase: the forecasters' and the world model's updates (the DuckDB update per record
 kind, the period aggregates, the self-calibration), the evaluator's snapshot, the forecast, candidate
 generation, the deferral LP, the search, the whole decision. It found the DuckDB checkpoints inside the ingest
 (worldmodel/state/store.py, CHECKPOINT_THRESHOLD).
@@ -23,6 +23,7 @@ import numpy as np
 
 import optimizer.aurelius as aurelius_module
 import optimizer.wiring as wiring
+import optimizer.world_adapter as world_adapter
 from schemas.fleet import MARKET_REGION, default_fleet
 from streams.replay.driver import run_replay
 from streams.workload.builder import build_workload
@@ -47,8 +48,8 @@ def _timed(owner: Any, name: str, label: str) -> None:
 
 
 def _ingest_by_kind() -> None:
-    """Time WorldState.ingest per record kind (each kind as its own batch)."""
-    inner = WorldState.ingest
+    """Time WorldState.update per record kind (each kind as its own batch)."""
+    inner = WorldState.update
 
     def per_kind(self: WorldState, batch: Any, positions: Any = None, ingested_at: Any = None,
                  extra: Any = None) -> Any:
@@ -59,7 +60,7 @@ def _ingest_by_kind() -> None:
             TIMES[f"ingest {kind}"].append((time.perf_counter() - t) * 1e3)
         return out
 
-    WorldState.ingest = per_kind  # type: ignore[method-assign]
+    WorldState.update = per_kind  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -80,7 +81,7 @@ def main() -> None:
     policy = wiring.build_policy("aurelius", workload=wl, seed=args.seed, audit=False)
     _ingest_by_kind()
     _timed(WorldState, "aggregate_period", "aggregate")
-    _timed(wiring, "calibrate_period", "calibrate")
+    _timed(world_adapter, "calibrate_period", "calibrate")
     _timed(policy.forecast_provider, "update", "forecast update")
     _timed(policy.forecast_provider, "forecast", "forecast")
     _timed(policy.world_model, "update", "world-model update")
@@ -89,7 +90,7 @@ def main() -> None:
     _timed(aurelius_module, "plan_deferral", "deferral LP")
     _timed(aurelius_module, "search", "search")
     _timed(policy, "plan", "decision (plan)")
-    run = run_replay(wl, policy, fleet, period_s=300.0)
+    run = run_replay(wl, policy, fleet, period_s=300.0, all_sites=args.sites == "three")
     print(f"{'+'.join(markets)} {args.year} seed {args.seed}: {len(run.decision_ms)} decisions, wall ms per phase")
     for label, v in TIMES.items():
         a = np.asarray(v)

@@ -9,7 +9,7 @@ the deferral LP's schedule).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, fields, replace
 
 from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType
 from schemas.plan import BatchAdmission, Plan, PoolPlan, Routing
@@ -142,12 +142,13 @@ def map_pools(plan: Plan, **changes: object) -> Plan:
 
 
 def plan_key(plan: Plan) -> tuple[object, ...]:
-    """A hashable identity of a plan's decision content (label and notes excluded). Pool order is part of it:
-    the autoscaler grows a model's replicas in the plan's pool order (placement)."""
-    pools = tuple((p.key, p.replica_floor, p.replica_ceiling, p.tp, p.precision, p.max_batch, p.sm_clock_mhz)
-                  for p in plan.pools)
-    return (pools, str(plan.routing), str(plan.ordering), str(plan.batch_admission), plan.autoscale,
-            plan.autoscale_target)
+    """A hashable identity of a plan's decision content: every field of the plan and of its pools, label and
+    notes excluded. Pool order is part of it: the autoscaler grows a model's replicas in the plan's pool order
+    (placement). Built from the dataclass fields, so a lever added to the plan is never left out (before, the
+    KV dtype and the token budget were: a plan that restarts every replica scored as the reference from the
+    cache)."""
+    pools = tuple(astuple(p) for p in plan.pools)
+    return (pools, *(getattr(plan, f.name) for f in fields(plan) if f.name not in ("pools", "label", "notes")))
 
 
 def neighbours(plan: Plan, space: LeverSpace, levers: tuple[str, ...],

@@ -126,9 +126,17 @@ def test_no_deferral_keeps_the_reference_admission():
     assert all(r["chosen_plan"]["batch_admission"] == "pressure" for r in recs)
 
 
-def test_plan_key_ignores_labels():
+def test_plan_key_ignores_labels_and_sees_every_lever():
+    from dataclasses import replace
+
     p = reference_plan()
-    assert plan_key(p) == plan_key(p.__class__(**{**p.__dict__, "label": "other"}))
+    assert plan_key(p) == plan_key(replace(p, label="other", notes=("why",)))
+    # engine arguments restart replicas: plans that differ only there are different decisions
+    for change in ({"kv_dtype": "fp8"}, {"max_num_batched_tokens": 2048}, {"sm_clock_mhz": 1500}):
+        q = p.with_pools((replace(p.pools[0], **change), *p.pools[1:]))
+        assert plan_key(q) != plan_key(p), change
+    for change in ({"ordering": "fcfs"}, {"autoscale_target": 0.6}, {"autoscale": False}):
+        assert plan_key(replace(p, **change)) != plan_key(p), change
 
 
 def test_the_better_predicted_reference_is_the_pareto_yardstick():
