@@ -44,7 +44,7 @@ from optimizer.fallback import (
 )
 from optimizer.gates import GateConfig, GateContext, hard_gates
 from optimizer.levers import LeverSpace, lever_space, plan_key
-from optimizer.margins import load_margins
+from optimizer.margins import FAMILY_FIELDS, load_margins, pin_families
 from optimizer.objective import Objective
 from optimizer.observed import ObservedState
 from optimizer.ports import ForecastProvider, WorldModelPort
@@ -107,6 +107,9 @@ class AureliusPolicy(Policy):
         site with the lowest forecast price (`candidates._placed`; arm `aurelius-placement`). Off by default: the
         forward model does not see the move's cold starts and doubled replicas, and on the ERCOT window (1 h,
         seed 0) the arm cut energy cost but lost gp/$ to production (benchmarks/results/).
+    ablate : lever families (optimizer.margins.FAMILY_FIELDS) the planner may not move: every plan it scores
+        has them set as in the reference plan, and the search's value sets hold the reference's value (the
+        ablation arms `aurelius-no-capacity`, `-no-precision`, `-no-batch`; the clock is off by default).
     """
 
     name = "aurelius"
@@ -119,9 +122,11 @@ class AureliusPolicy(Policy):
                  search_config: SearchConfig | None = None, name: str | None = None,
                  also_references: tuple[str, ...] = (), also_reference_policies: tuple[Policy, ...] = (),
                  clock_levels: int = 1, floor_release: bool = False, site_placement: bool = False,
-                 horizon: HorizonSpec | None = None) -> None:
+                 horizon: HorizonSpec | None = None, ablate: frozenset[str] = frozenset()) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
+        if not ablate <= FAMILY_FIELDS.keys():
+            raise ValueError(f"ablate {sorted(ablate)} not within the lever families {sorted(FAMILY_FIELDS)}")
         self.mode = mode
         self.oracle = oracle
         self.reference = reference
@@ -139,6 +144,7 @@ class AureliusPolicy(Policy):
         self.floor_release = floor_release
         self.site_placement = site_placement
         self.horizon = horizon
+        self.ablate = frozenset(ablate)
         self.margins = load_margins("one_period" if horizon is None else "horizon")
         self.gate_config = gate_config or GateConfig()
         self.search_config = search_config or _search_config(mode)
@@ -294,10 +300,12 @@ class AureliusPolicy(Policy):
         objective = Objective(self.risk_aversion, _future_price_ratio(forecasts, self.risk_aversion),
                               schedule.carry_usd_per_request if schedule else None)
         tenants = self._observed.tenants()
-        space = self._space(ref_plan, tenants, schedule)
+        space = _hold_ablated(self._space(ref_plan, tenants, schedule), ref_plan, self.ablate)
         gctx = GateContext(self._ctx.fleet, forecasts[0], self._previous, tenants, serving)
         score = _scorer(evaluate, objective, gctx, self.gate_config)
         self._scorer = score
+        if self.ablate:
+            score = _pinned(score, ref_plan, self.ablate)
         reference = replace(score(ref_plan), plan=ref_plan)
         for other in other_refs:  # the strongest reference plan by prediction (feasible first) is the yardstick
             s = replace(score(other), plan=other)
@@ -400,6 +408,26 @@ def _scorer(evaluate: Callable[[Plan], PredictedOutcome], objective: Objective, 
     return score
 
 
+def _pinned(score: Callable[[Plan], Scored], reference: Plan, families: frozenset[str]) -> Callable[[Plan], Scored]:
+    """`score` of each plan with `families` pinned to the reference's (the scored plan is the pinned one)."""
+    return lambda plan: score(pin_families(plan, reference, families))
+
+
+def _hold_ablated(space: LeverSpace, reference: Plan, families: frozenset[str]) -> LeverSpace:
+    """The lever space with the ablated families' per-pool value sets held at the reference's value (the
+    search spends no evaluations on moves the pinning would undo)."""
+    ref = {p.key: p for p in reference.pools}
+    pools = []
+    for lv in space.pools:
+        p = ref.get(lv.key)
+        if p is not None:
+            lv = replace(lv, clocks_mhz=(p.sm_clock_mhz,) if "clock" in families else lv.clocks_mhz,
+                         precisions=(p.precision,) if "precision" in families else lv.precisions,
+                         max_batches=(p.max_batch,) if "batch" in families else lv.max_batches)  # fmt: skip
+        pools.append(lv)
+    return replace(space, pools=tuple(pools))
+
+
 def _horizon_extra(paths: dict[tuple[object, ...], Horizon], chosen: Plan, reference: Plan) -> dict[str, Any]:
     """The audit record's horizon: the chosen and the reference plan's predicted paths (empty without one)."""
     if not paths:
@@ -438,6 +466,9 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-fixed-grid": {"mode": "fixed-grid"},
     "aurelius-no-deferral": {"mode": "no-deferral"},
     "aurelius-placement": {"mode": "full", "site_placement": True},
+    "aurelius-no-capacity": {"mode": "full", "ablate": frozenset({"capacity", "target"})},
+    "aurelius-no-precision": {"mode": "full", "ablate": frozenset({"precision"})},
+    "aurelius-no-batch": {"mode": "full", "ablate": frozenset({"batch"})},
     "aurelius-horizon": {"mode": "full", "horizon": HorizonSpec(), "horizon_periods": HorizonSpec().periods},
     "oracle": {"mode": "full", "oracle": True},
 }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from schemas.plan import Plan
@@ -47,34 +47,51 @@ def family(label: str) -> str | None:
     return None
 
 
+#: the plan-wide and the per-pool fields each lever family sets (a change of pool set is a capacity move)
+FAMILY_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "capacity": (("autoscale",), ("replica_floor", "replica_ceiling")),
+    "target": (("autoscale_target",), ()),
+    "batch": ((), ("max_batch",)),
+    "precision": ((), ("precision", "kv_dtype")),
+    "clock": ((), ("sm_clock_mhz",)),
+    "deferral": (("batch_admission",), ()),
+    "tokens": ((), ("max_num_batched_tokens",)),
+}
+
+
 def families_moved(plan: Plan, reference: Plan) -> frozenset[str]:
     """The lever families in which `plan` differs from `reference` (pools compared by key)."""
-    moved: set[str] = set()
-    if plan.batch_admission != reference.batch_admission:
-        moved.add("deferral")
-    if plan.autoscale_target != reference.autoscale_target:
-        moved.add("target")
-    if plan.autoscale != reference.autoscale:
-        moved.add("capacity")
     ref = {p.key: p for p in reference.pools}
-    for p in plan.pools:
-        q = ref.get(p.key)
-        if q is None:
-            moved.add("capacity")
-            continue
-        if (p.replica_floor, p.replica_ceiling) != (q.replica_floor, q.replica_ceiling):
-            moved.add("capacity")
-        if p.max_batch != q.max_batch:
-            moved.add("batch")
-        if (p.precision, p.kv_dtype) != (q.precision, q.kv_dtype):
-            moved.add("precision")
-        if p.sm_clock_mhz != q.sm_clock_mhz:
-            moved.add("clock")
-        if p.max_num_batched_tokens != q.max_num_batched_tokens:
-            moved.add("tokens")
-    if {p.key for p in plan.pools} != set(ref):
-        moved.add("capacity")
+    moved = {"capacity"} if {p.key for p in plan.pools} != set(ref) else set()
+    for name, (wide, per_pool) in FAMILY_FIELDS.items():
+        if any(getattr(plan, f) != getattr(reference, f) for f in wide) or any(
+            getattr(p, f) != getattr(ref[p.key], f) for p in plan.pools if p.key in ref for f in per_pool
+        ):
+            moved.add(name)
     return frozenset(moved)
+
+
+def pin_families(plan: Plan, reference: Plan, families: frozenset[str]) -> Plan:
+    """`plan` with the levers of `families` set as in `reference` (the planner's ablations: what it does
+    without a lever family). Pinning capacity also keeps the reference's pools (a placement moves capacity).
+
+    >>> from schemas.plan import PoolPlan
+    >>> ref = Plan((PoolPlan("s", "m", "H100", 2, 8, 1, "bf16", 256, 1980),))
+    >>> moved = Plan((PoolPlan("s", "m", "H100", 4, 8, 1, "fp8", 512, 1500),), autoscale_target=0.6)
+    >>> sorted(families_moved(moved, ref)), sorted(families_moved(pin_families(moved, ref, frozenset(
+    ...     {"capacity", "target", "clock"})), ref))
+    (['batch', 'capacity', 'clock', 'precision', 'target'], ['batch', 'precision'])
+    """
+    if not families:
+        return plan
+    wide = {f: getattr(reference, f) for name in families for f in FAMILY_FIELDS[name][0]}
+    per_pool = [f for name in families for f in FAMILY_FIELDS[name][1]]
+    ref = {p.key: p for p in reference.pools}
+    pools = [replace(p, **{f: getattr(ref[p.key], f) for f in per_pool}) if p.key in ref else p for p in plan.pools]
+    if "capacity" in families:
+        have = {p.key: p for p in pools}
+        pools = [have.get(q.key, q) for q in reference.pools]
+    return replace(plan, pools=tuple(pools), **wide)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ def full_run() -> list[dict]:
 
 
 def test_arms_are_registered_with_their_modes():
-    arms = {"aurelius", "aurelius-clock-only", "aurelius-fixed-grid", "aurelius-no-deferral", "oracle"}
+    arms = {"aurelius", "aurelius-clock-only", "aurelius-fixed-grid", "aurelius-no-deferral", "aurelius-no-capacity",
+            "aurelius-no-precision", "aurelius-no-batch", "oracle"}
     assert arms <= set(names())
     assert create("aurelius-no-deferral").mode == "no-deferral"
     oracle = create("oracle")
@@ -119,6 +120,27 @@ def test_clock_only_changes_only_clocks():
         assert (p.replica_floor, p.replica_ceiling, p.precision, p.max_batch) == (
             q.replica_floor, q.replica_ceiling, q.precision, q.max_batch)
     assert plan.batch_admission == ref.batch_admission
+
+
+@pytest.mark.parametrize("arm", ["aurelius-no-capacity", "aurelius-no-batch"])  # the fake moves no precision
+def test_an_ablation_arm_never_moves_its_lever_family(arm: str):
+    """The full planner moves each family on the fake world; the arm without it keeps the reference's."""
+    from optimizer.aurelius import AURELIUS_ARMS
+    from optimizer.margins import families_moved
+    from schemas.plan import Plan, PoolPlan
+
+    ablated = AURELIUS_ARMS[arm]["ablate"]
+
+    def plan(d: dict) -> Plan:
+        wide = {k: d[k] for k in ("batch_admission", "autoscale", "autoscale_target")}
+        return Plan(tuple(PoolPlan(**p) for p in d["pools"]), **wide)
+
+    def moved(pol: AureliusPolicy) -> set[str]:
+        recs = run(pol, varied, periods=4)
+        return set().union(*(families_moved(plan(r["chosen_plan"]), plan(r["reference_plan"])) for r in recs))
+
+    assert ablated & moved(make(audit=False)), "the full planner does not move the family here: no test"
+    assert not ablated & moved(make(audit=False, ablate=ablated, name=arm))
 
 
 def test_no_deferral_keeps_the_reference_admission():
