@@ -15,9 +15,11 @@ from schemas.policy import Policy
 from worldmodel.state import WorldState
 
 #: The Pareto reference of the aurelius arms: the strongest reference policy (DESIGN.md). Measured on the
-#: default windows (benchmarks/results/), `production` has the best gp/$ in every market; production-tuned's
-#: larger batch cap and price rule are predicted better but realize worse (more chat TPOT violations, a longer
-#: drain), so taking the better-predicted of the two as the yardstick let the weaker reference's plan in.
+#: default windows, 3 seeds (benchmarks/results/ruler21_default_2023_seeds012_refs_aurelius_r4margins_a5454c0.json),
+#: `production` has the best gp/$ in ERCOT and CAISO; in PJM production-tuned's mean is higher (979.5 vs 965.4)
+#: but swings from 772.4 to 1243.5 across seeds with its week-before tuning. Taking the better-predicted of the
+#: two as the yardstick let the weaker reference's plan in (predicted better, realized worse: more chat TPOT
+#: violations, a longer drain), so the yardstick is production's plan in every market.
 DEFAULT_REFERENCE = "production"
 #: Further references run beside it, each period the best-predicted reference plan being the Pareto yardstick
 #: (none by default; `also_references=("production-tuned",)` restores the two-reference yardstick).
