@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--market", default="ERCOT")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--year", type=int, default=2023)
+    ap.add_argument("--arm", default="aurelius", help="the aurelius arm, e.g. aurelius-horizon")
     ap.add_argument("--sites", choices=("one", "three"), default="one",
                     help="one: the market's site; three: ERCOT, PJM and CAISO sites share the market's window")
     args = ap.parse_args()
@@ -78,7 +79,7 @@ def main() -> None:
     if args.sites == "three":
         regions = tuple(site.region for site in fleet.sites)
         wl = replace(wl, requests=assign_residency(wl.requests, regions, args.market, seed=args.seed))
-    policy = wiring.build_policy("aurelius", workload=wl, seed=args.seed, audit=False)
+    policy = wiring.build_policy(args.arm, workload=wl, seed=args.seed, audit=False)
     _ingest_by_kind()
     _timed(WorldState, "aggregate_period", "aggregate")
     _timed(world_adapter, "calibrate_period", "calibrate")
@@ -91,7 +92,8 @@ def main() -> None:
     _timed(aurelius_module, "search", "search")
     _timed(policy, "plan", "decision (plan)")
     run = run_replay(wl, policy, fleet, period_s=300.0, all_sites=args.sites == "three")
-    print(f"{'+'.join(markets)} {args.year} seed {args.seed}: {len(run.decision_ms)} decisions, wall ms per phase")
+    print(f"{args.arm} {'+'.join(markets)} {args.year} seed {args.seed}: {len(run.decision_ms)} decisions, wall ms "
+          "per phase")
     for label, v in TIMES.items():
         a = np.asarray(v)
         print(f"  {label:24s} n={a.size:3d}  p50 {np.median(a):7.1f}  p95 {np.percentile(a, 95):7.1f}  "

@@ -9,7 +9,7 @@ the deferral LP's schedule).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import astuple, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType
 from schemas.plan import BatchAdmission, Plan, PoolPlan, Routing
@@ -147,8 +147,12 @@ def plan_key(plan: Plan) -> tuple[object, ...]:
     (placement). Built from the dataclass fields, so a lever added to the plan is never left out (before, the
     KV dtype and the token budget were: a plan that restarts every replica scored as the reference from the
     cache)."""
-    pools = tuple(astuple(p) for p in plan.pools)
-    return (pools, *(getattr(plan, f.name) for f in fields(plan) if f.name not in ("pools", "label", "notes")))
+    pools = tuple(tuple(getattr(p, f) for f in _POOL_FIELDS) for p in plan.pools)
+    return (pools, *(getattr(plan, f) for f in _PLAN_FIELDS))
+
+
+_POOL_FIELDS = tuple(f.name for f in fields(PoolPlan))
+_PLAN_FIELDS = tuple(f.name for f in fields(Plan) if f.name not in ("pools", "label", "notes"))
 
 
 def neighbours(plan: Plan, space: LeverSpace, levers: tuple[str, ...],

@@ -45,7 +45,7 @@ from worldmodel.outcomes import Scenario, class_outcome
 from worldmodel.period_cost import account_period, default_site_markets
 from worldmodel.placement import place, serving_replicas
 from worldmodel.queueing import Load, Pool, PoolResult, mu_replica, pool_static, serve_pool, util_per_request
-from worldmodel.servingmodel import ServingModel
+from worldmodel.servingmodel import Corrections, ServingModel
 from worldmodel.snapshot import FleetSnapshot
 
 _SCENARIOS = ("point", "lo80", "hi80", "hi95")
@@ -86,6 +86,7 @@ class ForwardModel:
         self.inventory = dict(inventory) if inventory is not None else default_fleet().inventory()
         self.unobserved_precision_risk = unobserved_precision_risk
         self.site_markets = dict(site_markets) if site_markets is not None else default_site_markets()
+        self._serving_models: dict[int, tuple[Corrections, ServingModel]] = {}
 
     def evaluate(self, snapshot: FleetSnapshot, plan: Plan, forecast: DisturbanceForecast,
                  scenarios: tuple[str, ...] = _SCENARIOS) -> PredictedOutcome:
@@ -103,13 +104,13 @@ class ForwardModel:
         -------
         PredictedOutcome at the point forecast, with violation_rate_hi and gp_per_dollar_lo from the bounds.
         """
-        sm = self.serving_model.with_corrections(snapshot.corrections)
+        sm = self._serving(snapshot.corrections)
         period_s = forecast.period_s
         pools = [pool_static(sm, snapshot, p) for p in plan.pools]
         # optionally the upper scenarios credit no gain to a precision never observed (a risk band for unseen
         # configurations); off by default: on PJM it moved the first plan to bf16 and invited a costly reload
         hi_corr = snapshot.corrections.pessimistic() if self.unobserved_precision_risk else snapshot.corrections
-        sm_hi = self.serving_model.with_corrections(hi_corr)
+        sm_hi = self._serving(hi_corr)
         results = {
             s: self._scenario(sm_hi if s in ("hi80", "hi95") else sm, snapshot, plan, forecast, pools, s)
             for s in scenarios
@@ -144,6 +145,17 @@ class ForwardModel:
             notes=(f"period_s={period_s:g}", f"risk_band={snapshot.risk_band:.2f}"),
             pool_replicas=dict(point.replicas),
         )
+
+    def _serving(self, corrections: Corrections) -> ServingModel:
+        """The serving model with `corrections`, one per corrections object (a decision's candidates and horizon
+        steps share their snapshot's, so the serving model's memo of correction factors is shared too)."""
+        hit = self._serving_models.get(id(corrections))
+        if hit is None or hit[0] is not corrections:  # the object is held, so its id is not reused meanwhile
+            if len(self._serving_models) >= 8:
+                self._serving_models.clear()
+            hit = (corrections, self.serving_model.with_corrections(corrections))
+            self._serving_models[id(corrections)] = hit
+        return hit[1]
 
     def _scenario(
         self,

@@ -11,7 +11,7 @@ from schemas.forecast import ClassDemand, ClassOutcome
 from schemas.protocol import ClassSpec
 from worldmodel.queueing import Load, PoolResult
 from worldmodel.servingmodel import gamma_exceed, prompt_cv_from_p90, size_cv_from_p90
-from worldmodel.tails import empirical_exceed, fluid_share, tpot_exceed
+from worldmodel.tails import empirical_exceed, fluid_share, tpot_tail
 
 
 class Scenario:
@@ -99,12 +99,13 @@ def class_outcome(
             )
             return f_fluid + (1.0 - f_fluid) * min(p, 1.0)
 
-        def tpot_exceed_x(x: float, r: PoolResult = r, all_cvs: bool = True) -> float:
+        by_cv = [tpot_tail(r.mixed, cv, d.output_tokens_mean, out_cv) for cv in cvs]
+
+        def tpot_exceed_x(x: float, r: PoolResult = r, by_cv: list = by_cv, all_cvs: bool = True) -> float:
             """P(a request's mean TPOT > x s): chunk interference, at least the tail shape learned from
             completions (TPOT / the replica's median) around the predicted typical TPOT (the mean; the
             interference model's median is within a few % of it)."""
-            spreads = cvs if all_cvs else cvs[:1]
-            p = max(tpot_exceed(r.mixed, cv, d.output_tokens_mean, out_cv, x) for cv in spreads)
+            p = max(f(x) for f in (by_cv if all_cvs else by_cv[:1]))
             return max(p, empirical_exceed(learned, x / r.tpot_s)) if learned and r.tpot_s > 0.0 else p
 
         v_ttft += share * ttft_exceed(slo)

@@ -144,6 +144,10 @@ class ServingModel:
     def __init__(self, priors: Priors | None = None, corrections: Corrections | None = None) -> None:
         self.priors = priors or Priors()
         self.corrections = corrections or Corrections()
+        # _factor per (table, gpu, model, precision): a pure function of the corrections, which are fixed for
+        # the instance (with_corrections makes a new one); the forward model asks it millions of times a replay
+        self._factors: dict[tuple[int, str, str, str], float] = {}
+        self._decode_terms: dict[PoolConfig, tuple[float, ...]] = {}
 
     def with_corrections(self, corrections: Corrections) -> ServingModel:
         """A copy using other correction factors (the priors are kept)."""
@@ -181,17 +185,29 @@ class ServingModel:
         batch : concurrent sequences in the iteration (count, >= 1).
         context_tokens : mean tokens already in each sequence's KV cache (tokens).
         """
-        g, m, p = GPU_SPECS[cfg.gpu], MODELS[cfg.model], self.priors
-        bpp = BYTES_PER_VALUE[cfg.precision]
+        c = self._decode_terms.get(cfg)
+        if c is None:
+            c = self._decode_terms[cfg] = self._decode_terms_of(cfg)
+        weights_b, kv_b, tp, hbm, roofline, mem_clock, two_params, layers, hidden, flop_s, factor = c
         b = max(batch, 1.0)
-        bytes_moved = (m.params * bpp + b * context_tokens * m.kv_bytes_per_token(cfg.precision)) / cfg.tp
-        clock = self._clock_ratio(cfg)
-        mem_s = bytes_moved / g.hbm_bytes_s * p.decode_roofline_ratio
-        mem_s *= 1.0 + p.mem_clock_sensitivity * (1.0 / clock - 1.0)
-        flops = 2.0 * m.params * b / cfg.tp + 4.0 * b * context_tokens * m.layers * m.hidden / cfg.tp
-        cmp_s = flops / (self._peak_flops(cfg) * clock * p.prefill_compute_eff)
+        bytes_moved = (weights_b + b * context_tokens * kv_b) / tp
+        mem_s = bytes_moved / hbm * roofline
+        mem_s *= mem_clock
+        flops = two_params * b / tp + 4.0 * b * context_tokens * layers * hidden / tp
+        cmp_s = flops / flop_s
         step = max(mem_s, cmp_s) + self._comm_s(cfg, b)
-        return step * self._factor(self.corrections.decode, cfg, _decode_gain)
+        return step * factor
+
+    def _decode_terms_of(self, cfg: PoolConfig) -> tuple[float, ...]:
+        """decode_step_s's per-configuration terms, in the order it combines them (its figures are the same to
+        the last bit): weight bytes, KV bytes per token (B), tp, HBM (B/s), roofline ratio, the memory clock
+        factor, 2 x params, layers, hidden, the compute rate (FLOP/s), the correction factor."""
+        g, m, p = GPU_SPECS[cfg.gpu], MODELS[cfg.model], self.priors
+        clock = self._clock_ratio(cfg)
+        return (m.params * BYTES_PER_VALUE[cfg.precision], m.kv_bytes_per_token(cfg.precision), cfg.tp,
+                g.hbm_bytes_s, p.decode_roofline_ratio, 1.0 + p.mem_clock_sensitivity * (1.0 / clock - 1.0),
+                2.0 * m.params, m.layers, m.hidden, self._peak_flops(cfg) * clock * p.prefill_compute_eff,
+                self._factor(self.corrections.decode, cfg, _decode_gain))  # fmt: skip
 
     def prefill_s(self, cfg: PoolConfig, tokens: float) -> float:
         """Time to prefill `tokens` new prompt tokens of one request (s), compute-bound.
@@ -213,6 +229,12 @@ class ServingModel:
         """Correction of a step time for `cfg` (ratio): its own precision's fitted factor when observed;
         else another observed precision's factor moved by the uncredited part of the roofline's precision gain
         (gain ratio^(1 - precision_credit)); else the (gpu, model) factor, or 1, from bf16 the same way."""
+        key = (id(table), cfg.gpu, cfg.model, cfg.precision)
+        if key not in self._factors:
+            self._factors[key] = self._factor_of(table, cfg, gain)
+        return self._factors[key]
+
+    def _factor_of(self, table: dict[tuple[str, ...], float], cfg: PoolConfig, gain: GainFn) -> float:
         own = table.get((cfg.gpu, cfg.model, cfg.precision))
         if own is not None:
             return own

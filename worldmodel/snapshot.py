@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from worldmodel.selfcal import SelfCalibrator
 from worldmodel.servingmodel import Corrections
-from worldmodel.state import REPLICA_STATE_SQL, WorldState
+from worldmodel.state import FLOAT_DIGITS, REPLICA_STATE_SQL, WorldState
 
 PoolKey = tuple[str, str, str]
 
@@ -114,9 +114,6 @@ class FleetSnapshot:
         return None
 
 
-# float averages are rounded to 1e-6 (requests, MHz, W): DuckDB's parallel sums differ in the last bit from run to
-# run, and a snapshot, hence a decision, must not
-_DIGITS = 6
 _POOLS_SQL = f"""
 WITH r0 AS ({REPLICA_STATE_SQL}),
 tel AS (SELECT replica_id, avg(num_requests_running) AS running, avg(num_requests_waiting) AS waiting,
@@ -133,9 +130,9 @@ SELECT site, model, gpu_type, count(*) FILTER (WHERE state = 'warm') AS warm,
        arg_max(tp, since_at) AS tp, arg_max(precision, since_at) AS precision,
        arg_max(sm_clock_mhz, since_at) AS sm_clock_mhz, arg_max(max_batch, since_at) AS max_batch,
        list(epoch($as_of::TIMESTAMPTZ - since_at)) FILTER (WHERE state = 'loading') AS loading_elapsed_s,
-       round(coalesce(avg(tel.running) FILTER (WHERE state = 'warm'), 0), {_DIGITS}) AS running,
-       round(coalesce(avg(tel.waiting) FILTER (WHERE state = 'warm'), 0), {_DIGITS}) AS waiting,
-       round(coalesce(avg(tel.clock) FILTER (WHERE state = 'warm'), 0), {_DIGITS}) AS clock_eff_mhz,
+       round(coalesce(avg(tel.running) FILTER (WHERE state = 'warm'), 0), {FLOAT_DIGITS}) AS running,
+       round(coalesce(avg(tel.waiting) FILTER (WHERE state = 'warm'), 0), {FLOAT_DIGITS}) AS waiting,
+       round(coalesce(avg(tel.clock) FILTER (WHERE state = 'warm'), 0), {FLOAT_DIGITS}) AS clock_eff_mhz,
        min(epoch($as_of::TIMESTAMPTZ - since_at)) FILTER (WHERE state = 'warm') AS warm_age_s
 FROM r LEFT JOIN tel USING (replica_id) GROUP BY ALL ORDER BY ALL
 """
@@ -159,7 +156,7 @@ _POWER_SQL = f"""
 WITH g AS (SELECT site, modelName AS gpu, hostname, gpu AS idx, avg(DCGM_FI_DEV_POWER_USAGE) AS w
            FROM gpu_telemetry WHERE arrived_at <= $as_of AND event_at <= $as_of
              AND event_at > $as_of::TIMESTAMPTZ - INTERVAL 60 SECOND GROUP BY ALL)
-SELECT site, gpu, round(coalesce(sum(w), 0), {_DIGITS}) AS w, count(*) AS n, count(DISTINCT hostname) AS nodes
+SELECT site, gpu, round(coalesce(sum(w), 0), {FLOAT_DIGITS}) AS w, count(*) AS n, count(DISTINCT hostname) AS nodes
 FROM g GROUP BY ALL
 """
 _CAL_SQL = "SELECT * FROM calibration_state"

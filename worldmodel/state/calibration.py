@@ -16,7 +16,7 @@ from schemas.fleet import GpuType, default_max_num_batched_tokens
 from schemas.protocol import PROTOCOL_V1
 from worldmodel.selfcal import ANY, TAIL_LEVELS, Quantity, SelfCalibrator, model_key
 from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max, size_cv_from_p90
-from worldmodel.state.store import REPLICA_STATE_SQL, WorldState
+from worldmodel.state.store import FLOAT_DIGITS, REPLICA_STATE_SQL, WorldState
 from worldmodel.tails import chunk_mix, tpot_quantile
 
 #: Prefill busy share (0-1) at which a replica stops giving step-time residuals. Measured (PJM, 8B on H100):
@@ -29,10 +29,11 @@ PREFILL_MIN_PROMPTS = 20
 
 _PERIOD_SQL = f"""
 WITH r AS ({REPLICA_STATE_SQL}),
-tel AS (SELECT replica_id, avg(num_requests_running) AS running FROM gpu_telemetry
+tel AS (SELECT replica_id, round(avg(num_requests_running), {FLOAT_DIGITS}) AS running FROM gpu_telemetry
         WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of AND replica_id IS NOT NULL
         GROUP BY 1),
-c AS (SELECT replica_id, median(tpot_s) AS tpot_s, avg(input_tokens + output_tokens / 2.0) AS ctx,
+c AS (SELECT replica_id, median(tpot_s) AS tpot_s,
+             round(avg(input_tokens + output_tokens / 2.0), {FLOAT_DIGITS}) AS ctx,
              avg(output_tokens) AS out_mean, quantile_cont(output_tokens, 0.9) AS out90
       FROM request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
         AND output_tokens > 1 GROUP BY 1),
@@ -59,9 +60,10 @@ SELECT c.*, pf.ttft_lo, pf.new_lo, pf.n_lo, pf.ttft_hi, pf.new_hi, pf.n_hi, prom
 FROM c JOIN r USING (replica_id) JOIN prompts USING (replica_id) LEFT JOIN tel USING (replica_id)
   LEFT JOIN pf USING (replica_id)
 """
-_POWER_SQL = """
-SELECT modelName AS gpu_type, hostname AS node, avg(DCGM_FI_DEV_POWER_USAGE) AS power_w,
-       avg(DCGM_FI_DEV_GPU_UTIL) AS util, avg(DCGM_FI_DEV_SM_CLOCK) AS clock
+_POWER_SQL = f"""
+SELECT modelName AS gpu_type, hostname AS node, round(avg(DCGM_FI_DEV_POWER_USAGE), {FLOAT_DIGITS}) AS power_w,
+       round(avg(DCGM_FI_DEV_GPU_UTIL), {FLOAT_DIGITS}) AS util,
+       round(avg(DCGM_FI_DEV_SM_CLOCK), {FLOAT_DIGITS}) AS clock
 FROM gpu_telemetry WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
   AND DCGM_FI_DEV_POWER_USAGE IS NOT NULL GROUP BY ALL
 """

@@ -20,6 +20,9 @@ import polars as pl
 from schemas.forecast import DisturbanceForecast, Interval
 from worldmodel.state.migrations import RAW_KINDS, migrate, schema_version
 
+#: Decimal places the decision's reads round a float average to (requests, MHz, W, tokens): DuckDB's parallel
+#: sums of doubles differ in the last bit from run to run, and what a decision reads must not.
+FLOAT_DIGITS = 6
 #: Replica state from the last fleet event of each replica that arrived by $as_of.
 REPLICA_STATE_SQL = """
 WITH ev AS (
