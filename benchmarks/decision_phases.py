@@ -1,13 +1,14 @@
 """Where an aurelius decision's time goes on a real window: wall time (ms) per phase, audit off.
 
-Runs the `aurelius` policy with the world model and forecasters wired in on one market's default window and
-prints p50 / p95 / max per phase: the forecasters' and the world model's updates (the DuckDB update per record
-kind, the period aggregates, the self-calibration), the evaluator's snapshot, the forecast, candidate
-generation, the deferral LP, the search, the whole decision. It found the DuckDB checkpoints inside the ingest
-(worldmodel/state/store.py, CHECKPOINT_THRESHOLD).
+Runs an aurelius arm (`--arm`, default `aurelius`) with the world model and forecasters wired in on one
+market's default window (or the three-site mode) and prints p50 / p95 / max per phase: the forecasters' and the
+world model's updates (the DuckDB update per record kind, the period aggregates, the self-calibration), the
+evaluator's snapshot, the forecast, candidate generation, the deferral LP, the search, the whole decision. It
+found the DuckDB checkpoints inside the ingest (worldmodel/state/store.py, CHECKPOINT_THRESHOLD).
 
     python benchmarks/decision_phases.py --market ERCOT --seed 0
     python benchmarks/decision_phases.py --market ERCOT --sites three   # the three-site decision (ERCOT's window)
+    python benchmarks/decision_phases.py --arm aurelius-horizon --market ERCOT --sites three
 """
 
 from __future__ import annotations
