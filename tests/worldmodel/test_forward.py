@@ -347,3 +347,21 @@ def test_under_edf_batch_prompts_do_not_queue_ahead_of_interactive_ones(world, f
     # EDF: only the batch slots they hold and the chunks riding with decode move it (+0.3 s; as M/G/c over
     # the pool with batch prompts counted half, before: +1.1 s against +5.3 s)
     assert fcfs > 0.0 and edf < 0.05 * fcfs, (edf, fcfs)
+
+
+def test_the_snapshots_corrections_decide_whatever_was_evaluated_before(world, fm):
+    """The forward model keeps one serving model (and its memos of correction factors and decode terms) per
+    corrections object: a snapshot with other corrections is scored with those, as a fresh model scores it."""
+    from worldmodel.servingmodel import Corrections
+
+    ws, _ = world
+    snap = snapshot(ws, T0 + timedelta(seconds=60))
+    slow = replace(snap, corrections=Corrections(decode={("H100", "llama-3.1-70b", "bf16"): 3.0},
+                                                 prefill={("H100", "llama-3.1-70b"): 2.0}))
+    plan, f = _plan(), _forecast()
+    first = fm.evaluate(snap, plan, f)
+    later = fm.evaluate(slow, plan, f)
+    fresh = ForwardModel(ServingModel(), CostConfig()).evaluate(slow, plan, f)
+    assert later == fresh
+    assert later.sla_met < first.sla_met  # slower steps serve fewer requests within their SLA
+    assert fm.evaluate(snap, plan, f) == first
