@@ -101,7 +101,8 @@ def class_outcome(
 
         by_cv = [tpot_tail(r.mixed, cv, d.output_tokens_mean, out_cv) for cv in cvs]
 
-        def tpot_exceed_x(x: float, r: PoolResult = r, by_cv: list = by_cv, all_cvs: bool = True) -> float:
+        def tpot_exceed_x(x: float, r: PoolResult = r, by_cv: list[Callable[[float], float]] = by_cv,
+                          all_cvs: bool = True) -> float:
             """P(a request's mean TPOT > x s): chunk interference, at least the tail shape learned from
             completions (TPOT / the replica's median) around the predicted typical TPOT (the mean; the
             interference model's median is within a few % of it)."""
