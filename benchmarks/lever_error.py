@@ -8,7 +8,9 @@ both ways, autoscaler target, batch cap, precision, clock, deferral, token budge
 - predicted by the arm's own scorer at that decision (`AureliusPolicy.scorer()`: the forward model over the
   decided period, or over its horizon for `--arm aurelius-horizon`), as gp/$ relative to production's plan, and
 - realized on a branch of the ground truth (the plan for the decided period, production's plan for H = 2 more,
-  then the drain), as the branch's gp/$ relative to production's branch, averaged over `--replicates` noise
+  then the drain; with `--continuation hold` the plan itself for the H periods, so a lever that persists, a
+  precision reload above all, is not undone and paid for twice), as the branch's gp/$ relative to production's
+  branch (production held throughout), averaged over `--replicates` noise
   replicates each paired with production's branch on the same replicate (streams/replay/branching.py: a single
   branch's difference between two plans has a noise sd of 14-21 %, benchmarks/branch_noise.py).
 
@@ -47,8 +49,10 @@ from worldmodel.groundtruth.runtime import Physics
 TIE = 0.005  # differences below 0.5 % in both directions count as agreeing (ratio)
 
 
-def measure(market: str, *, periods: int, every: int, seed: int, arm: str, replicates: int) -> list[dict[str, Any]]:
-    """Predicted and realized gp/$ differences vs production's plan at the sampled decisions of one market."""
+def measure(market: str, *, periods: int, every: int, seed: int, arm: str, replicates: int,
+            hold: bool = False) -> list[dict[str, Any]]:
+    """Predicted and realized gp/$ differences vs production's plan at the sampled decisions of one market
+    (`hold`: each plan's branch keeps it for the H periods after the decided one, instead of production's)."""
     physics = Physics()
     fleet = default_fleet()
     window = build_workload(market, 2023, rule="max", periods=1, seed=seed).window
@@ -74,7 +78,7 @@ def measure(market: str, *, periods: int, every: int, seed: int, arm: str, repli
                 continue
             t = time.perf_counter()
             pred = score(p).outcome.gp_per_dollar
-            real = [branch_value(run, p, ref, t0, 300.0, 2, 0.0, noise=r).gp_per_dollar for r in seeds]
+            real = [branch_value(run, p, p if hold else ref, t0, 300.0, 2, 0.0, noise=r).gp_per_dollar for r in seeds]
             realized = float(np.mean([g / g_ref - 1.0 for g, g_ref in zip(real, real_ref, strict=True)]))
             rows.append({"market": market, "period": k, "lever": label, "predicted": pred / pred_ref - 1.0,
                          "realized": realized, "wall_s": time.perf_counter() - t})  # fmt: skip
@@ -124,6 +128,8 @@ def main() -> None:
     ap.add_argument("--arm", default="aurelius", help="the aurelius arm whose scorer predicts (its horizon or none)")
     ap.add_argument("--replicates", type=int, default=DEFAULT_REPLICATES,
                     help="noise replicates each realized difference is averaged over (count)")
+    ap.add_argument("--continuation", choices=("reference", "hold"), default="reference",
+                    help="after the decided period a branch runs production's plan (reference) or its own (hold)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--write-margins", default=None, metavar="KIND=FILE,...",
                     help="write optimizer/lever_margins.json from recorded measurements (kinds: horizon, one_period) "
@@ -137,7 +143,7 @@ def main() -> None:
     for m in args.markets.split(","):
         t = time.perf_counter()
         rows += measure(m, periods=args.periods, every=args.every, seed=args.seed, arm=args.arm,
-                        replicates=args.replicates)
+                        replicates=args.replicates, hold=args.continuation == "hold")
         print(f"{m}: {time.perf_counter() - t:.0f} s", flush=True)
     table = summarize(rows)
     print(f"{'lever':<22}{'n':>4}{'sign':>7}{'real':>9}{'pred':>9}{'err50':>9}{'err80':>9}{'|err|80':>9}")
