@@ -416,6 +416,8 @@ def _pinned(score: Callable[[Plan], Scored], reference: Plan, families: frozense
 def _hold_ablated(space: LeverSpace, reference: Plan, families: frozenset[str]) -> LeverSpace:
     """The lever space with the ablated families' per-pool value sets held at the reference's value (the
     search spends no evaluations on moves the pinning would undo)."""
+    if not families:
+        return space
     ref = {p.key: p for p in reference.pools}
     pools = []
     for lv in space.pools:
