@@ -1,0 +1,148 @@
+"""Choose the scale-up guard's constants (optimizer/scale_guard.py) on the week-before hours, not the windows.
+
+For each market and seed it builds the hours one week before the default window (streams/replay/tuning.py
+`week_before`: the data production-tuned tunes on) and replays production's plan on the ground truth, as deployed
+and with each guard setting of the grid (step x growth x target) applied at every period boundary from the live
+replicas (warm + loading) of the run. Every replay is repeated on `--replicates` noise replicates (arrivals shifted
+by under 1 ms, streams/replay/branching.py): a whole window's gp/$ moves several % with the event order alone, so
+each setting's difference against production is paired on the same replicate and averaged.
+
+Per market and setting it prints the mean rented and owned gp/$ difference against production and each class's
+violation-rate difference (pp); the chosen setting has the highest mean rented gain over the markets among those
+no class of which is worse than production's by more than `--slack-pp` in any market.
+
+    python benchmarks/guard_fit.py --out benchmarks/results/guard_fit_week_before.json
+
+Runs the ground truth: a measurement tool, never imported by the planner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from optimizer.registry import create
+from optimizer.scale_guard import ScaleGuard
+from schemas.fleet import default_fleet
+from streams.replay.branching import NOISE_S, live_replicas
+from streams.replay.driver import run_replay
+from streams.replay.metrics import summarize
+from streams.replay.tuning import week_before
+from streams.workload.builder import Workload, build_workload
+from worldmodel.groundtruth.runtime import Physics
+
+CLASSES = ("code", "chat", "batch")
+
+
+def _noisy(wl: Workload, r: int) -> Workload:
+    """`wl` with every arrival shifted later by sorted draws in [0, NOISE_S) of seed `r` (0: as recorded)."""
+    if r == 0:
+        return wl
+    import polars as pl
+
+    arr = wl.requests["arrival_s"].to_numpy()
+    shift = np.sort(np.random.default_rng(r).uniform(0.0, NOISE_S, arr.shape[0]))
+    return replace(wl, requests=wl.requests.with_columns(pl.Series("arrival_s", arr + shift)))
+
+
+def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Physics) -> dict[str, float]:
+    def intercept(k: int, run: Any, plan: Any) -> Any:
+        return guard.apply(plan, live_replicas(run)) if guard is not None else plan
+
+    run = run_replay(wl, create("production"), default_fleet(), period_s=300.0, physics=physics,
+                     initial_replicas=initial, intercept=intercept)  # fmt: skip
+    s = summarize(run)
+    out = {"gp": s["gp_per_dollar"], "gp_owned": s["gp_per_dollar_owned"]}
+    for c in CLASSES:
+        out[c] = s["classes"].get(c, {}).get("sla_violation_rate", 0.0) * 100.0
+    return out
+
+
+def measure(job: tuple[str, int, int, int, list[tuple[int, float, float]]]) -> list[dict[str, Any]]:
+    """Every setting of the grid (and production, setting None) on one market and seed's week-before hours."""
+    market, seed, periods, replicates, grid = job
+    physics = Physics()
+    window = build_workload(market, 2023, rule="max", periods=1, seed=seed).window
+    wl, initial = week_before(market, window.start, default_fleet(), seed=seed, physics=physics, periods=periods)
+    rows = []
+    for r in range(1, replicates + 1):
+        noisy = _noisy(wl, r)
+        for setting in [None, *grid]:
+            guard = None if setting is None else ScaleGuard(step=setting[0], growth=setting[1], target=setting[2])
+            rows.append({"market": market, "seed": seed, "replicate": r, "setting": setting,
+                         **_figures(noisy, initial, guard, physics)})  # fmt: skip
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per setting and market: mean paired differences against production (ratio for gp/$, pp for classes)."""
+    base = {(r["market"], r["seed"], r["replicate"]): r for r in rows if r["setting"] is None}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for r in rows:
+        if r["setting"] is None:
+            continue
+        b = base[(r["market"], r["seed"], r["replicate"])]
+        d = {"gp": r["gp"] / b["gp"] - 1.0, "gp_owned": r["gp_owned"] / b["gp_owned"] - 1.0,
+             **{c: r[c] - b[c] for c in CLASSES}}  # fmt: skip
+        out.setdefault(_name(r["setting"]), {}).setdefault(r["market"], []).append(d)  # type: ignore[arg-type]
+    return {s: {m: {k: float(np.mean([d[k] for d in ds])) for k in ds[0]} for m, ds in by.items()}
+            for s, by in out.items()}  # fmt: skip
+
+
+def choose(tab: dict[str, dict[str, dict[str, float]]], slack_pp: float) -> str | None:
+    """The setting with the highest mean rented gain over the markets, no class worse by more than `slack_pp`."""
+    ok = {s: float(np.mean([v["gp"] for v in by.values()])) for s, by in tab.items()
+          if all(v[c] <= slack_pp for v in by.values() for c in CLASSES)}  # fmt: skip
+    return max(ok, key=ok.__getitem__) if ok else None
+
+
+def _name(setting: tuple[int, float, float] | list) -> str:
+    step, growth, target = setting
+    return f"step{step}-growth{growth:g}-target{target:g}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--markets", default="PJM,ERCOT,CAISO")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--periods", type=int, default=36, help="periods of the week-before window (count)")
+    ap.add_argument("--replicates", type=int, default=3, help="noise replicates per replay (count)")
+    ap.add_argument("--steps", default="1,2")
+    ap.add_argument("--growths", default="1.0,1.5")
+    ap.add_argument("--targets", default="0.6,0.7,0.8")
+    ap.add_argument("--slack-pp", type=float, default=0.1, help="a class may be worse than production's by (pp)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    grid = list(itertools.product([int(s) for s in args.steps.split(",")], [float(g) for g in args.growths.split(",")],
+                                  [float(t) for t in args.targets.split(",")]))  # fmt: skip
+    jobs = [(m, int(s), args.periods, args.replicates, grid) for m in args.markets.split(",")
+            for s in args.seeds.split(",")]  # fmt: skip
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as ex:
+        rows = [r for rs in ex.map(measure, jobs) for r in rs]
+    tab = table(rows)
+    markets = args.markets.split(",")
+    print(f"{'setting':<30}" + "".join(f"{m + ' gp':>11}{'own':>7}{'chat':>7}{'code':>7}" for m in markets))
+    for s, by in tab.items():
+        print(f"{s:<30}" + "".join(f"{by[m]['gp'] * 100:>+10.1f}%{by[m]['gp_owned'] * 100:>+6.1f}%"
+                                   f"{by[m]['chat']:>+7.2f}{by[m]['code']:>+7.2f}" for m in markets))  # fmt: skip
+    chosen = choose(tab, args.slack_pp)
+    print(f"chosen: {chosen} ({time.perf_counter() - t0:.0f} s)")
+    if args.out:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        with open(args.out, "w") as f:
+            json.dump({"commit": commit, "config": vars(args), "chosen": chosen, "table": tab, "rows": rows}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The scale-up guard: aurelius's capacity rule around the reference's plan.
+
+The runtime's autoscaler has two triggers (worldmodel/groundtruth/scaler.py documents the ground truth's copy):
+utilization against its target, and the KEDA-style backlog trigger, ceil(waiting / 5) replicas, which grows a
+model x2 or +4 replicas per 15 s tick up to its ceilings. Under the reference's plan (target 0.8, ceilings at
+the whole inventory) the backlog trigger fires on bursts every 30-45 minutes: a 70B fleet of ~9 H100 replicas
+jumps to the 15 the site holds and spills 8 more onto A100s, the new replicas load for 332 s while the burst
+drains, then idle through the 300 s stabilization window (`aurelius replay` traces of the default windows,
+docs/optimizer.md "Scale-up guard"). The forward model does not predict those surges (worldmodel/transients.py),
+so no candidate was ever credited for avoiding them.
+
+The guard keeps the runtime's autoscaler as a safety net whose reach per period is bounded: each pool's ceiling
+is at most max(live + `step`, ceil(`growth` x live)) replicas (live = warm + loading, as the world model saw them
+at the decision), so a burst can add `step` replicas a period, not double the fleet, and the autoscaler's target
+is `target`, so the steady fleet the utilization trigger holds is larger and serves the bursts the surges arrived
+too late for. A pool whose live count is unknown keeps its ceiling; before any count is known the plan is
+left as it is. Floors are never lowered.
+
+The constants were chosen on the week-before hours (the data production-tuned tunes on; never the replayed
+windows): `benchmarks/guard_fit.py`, recorded in benchmarks/results/ (docs/optimizer.md gives the table).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from schemas.plan import Plan
+from schemas.provenance import Provenance, Tagged
+
+#: Replicas a pool may add per control period above its live count (count).
+GUARD_STEP = Tagged(1.0, "replicas/period", Provenance.MODELED,
+                    "fitted on the week-before hours (benchmarks/guard_fit.py)")
+#: The ceiling's growth factor on the live count (ratio; the ceiling is the larger of live + step and this).
+GUARD_GROWTH = Tagged(1.0, "ratio", Provenance.MODELED, "fitted on the week-before hours (benchmarks/guard_fit.py)")
+#: The autoscaler's utilization target under the guard (ratio).
+GUARD_TARGET = Tagged(0.7, "ratio", Provenance.MODELED, "fitted on the week-before hours (benchmarks/guard_fit.py)")
+
+
+@dataclass(frozen=True)
+class ScaleGuard:
+    """The guard's settings. step : replicas a pool may add per period (count); growth : ceiling factor on the
+    live count (ratio); target : the autoscaler's utilization target (ratio)."""
+
+    step: int = int(GUARD_STEP.value)
+    growth: float = GUARD_GROWTH.value
+    target: float = GUARD_TARGET.value
+
+    def ceiling(self, live: int) -> int:
+        """The most replicas a pool with `live` replicas may reach this period (count).
+
+        >>> ScaleGuard(step=1, growth=1.0).ceiling(9), ScaleGuard(step=1, growth=1.5).ceiling(9)
+        (10, 14)
+        """
+        return max(live + self.step, math.ceil(self.growth * live))
+
+    def apply(self, plan: Plan, live: Mapping[tuple[str, str, str], int]) -> Plan:
+        """`plan` with each known pool's ceiling bounded by `ceiling(live)` (never below its floor) and the
+        autoscaler's target set; `plan` unchanged when no live count is known or it does not autoscale.
+
+        >>> from schemas.plan import PoolPlan
+        >>> p = Plan((PoolPlan("s", "m", "H100", 1, 16, 4, "bf16", 1024, 1980),), autoscale_target=0.8)
+        >>> g = ScaleGuard(step=1, growth=1.0, target=0.7).apply(p, {("s", "m", "H100"): 9})
+        >>> g.pools[0].replica_ceiling, g.autoscale_target, ScaleGuard().apply(p, {}) is p
+        (10, 0.7, True)
+        """
+        if not live or not plan.autoscale:
+            return plan
+        pools = tuple(
+            replace(p, replica_ceiling=max(p.replica_floor, min(p.replica_ceiling, self.ceiling(live[p.key]))))
+            if p.key in live else p
+            for p in plan.pools
+        )
+        label = f"{plan.label} +guard" if plan.label else "guard"
+        return replace(plan, pools=pools, autoscale_target=self.target, label=label)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"step": self.step, "growth": self.growth, "target": self.target}
