@@ -49,6 +49,7 @@ from optimizer.objective import Objective
 from optimizer.observed import ObservedState
 from optimizer.ports import ForecastProvider, WorldModelPort
 from optimizer.registry import create, register
+from optimizer.scale_guard import ScaleGuard
 from optimizer.search import LEVER_STAGES, SearchConfig, SearchResult, search
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import BatchAdmission, Plan
@@ -110,6 +111,10 @@ class AureliusPolicy(Policy):
     ablate : lever families (optimizer.margins.FAMILY_FIELDS) the planner may not move: every plan it scores
         has them set as in the reference plan, and the search's value sets hold the reference's value (the
         ablation arms `aurelius-no-capacity`, `-no-precision`, `-no-batch`; the clock is off by default).
+    guard : the scale-up guard (optimizer/scale_guard.py) applied to the reference's plan once the fleet's live
+        replicas are known, before anything is scored: the guarded plan is the Pareto yardstick, the fallback
+        and what the candidates are built around; None (arm `aurelius-no-guard`) leaves the reference's plan as
+        deployed. Decisions without inputs, or whose scoring failed, stay the reference's plan as deployed.
     """
 
     name = "aurelius"
@@ -122,7 +127,8 @@ class AureliusPolicy(Policy):
                  search_config: SearchConfig | None = None, name: str | None = None,
                  also_references: tuple[str, ...] = (), also_reference_policies: tuple[Policy, ...] = (),
                  clock_levels: int = 1, floor_release: bool = False, site_placement: bool = False,
-                 horizon: HorizonSpec | None = None, ablate: frozenset[str] = frozenset()) -> None:
+                 horizon: HorizonSpec | None = None, ablate: frozenset[str] = frozenset(),
+                 guard: ScaleGuard | None = ScaleGuard()) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         if not ablate <= FAMILY_FIELDS.keys():
@@ -145,6 +151,7 @@ class AureliusPolicy(Policy):
         self.site_placement = site_placement
         self.horizon = horizon
         self.ablate = frozenset(ablate)
+        self.guard = guard
         self.margins = load_margins("one_period" if horizon is None else "horizon")
         self.gate_config = gate_config or GateConfig()
         self.search_config = search_config or _search_config(mode)
@@ -156,6 +163,7 @@ class AureliusPolicy(Policy):
         self._scorer: Callable[[Plan], Scored] | None = None
         self._ref_plan: Plan | None = None
         self._fresh = self._seen_telemetry = self._seen_arrivals = False
+        self._live: dict[tuple[str, str, str], int] = {}
 
     def start(self, ctx: PolicyContext, history: History) -> Plan:
         if self.forecast_provider is None or self.world_model is None:
@@ -198,6 +206,7 @@ class AureliusPolicy(Policy):
             log.exception("%s: decision for period %d failed; the reference plan stands", self.name, obs.period_index)
             reason = f"decision failed: {type(exc).__name__}: {str(exc)[:200]}"
             self._previous = ref_plan
+            self._live = {}  # the reference's plan as deployed: no guard
             return self._reference_only(obs.as_of, obs.period_index, ref_plan, t0, c0, reason, {})
 
     def last_decision(self) -> dict[str, Any] | None:
@@ -216,6 +225,7 @@ class AureliusPolicy(Policy):
                 other_refs: tuple[Plan, ...] = (), forced_fallback: str | None = None) -> Plan:
         assert self.forecast_provider is not None
         self._ref_plan = ref_plan
+        self._live = {}
         missing = self._missing_inputs(as_of)
         forecasts: tuple[DisturbanceForecast, ...] = ()
         if not missing:
@@ -226,12 +236,22 @@ class AureliusPolicy(Policy):
         if missing:
             plan = self._without_inputs(as_of, period_index, ref_plan, t0, c0, missing)
         else:
-            plan = self._planned(as_of, period_index, ref_plan, t0, c0, forecasts, other_refs, forced_fallback)
+            plan = self._planned(as_of, period_index, self._guarded(as_of, ref_plan), t0, c0, forecasts, other_refs,
+                                 forced_fallback)
         if self.mode == "no-deferral" and plan.batch_admission == BatchAdmission.HOLD:
             # the ablation without deferral: a reference plan chosen as is must not bring its hold along
             plan = replace(plan, batch_admission=BatchAdmission.PRESSURE)
         self._previous = plan
         return plan
+
+    def _guarded(self, as_of: datetime, ref_plan: Plan) -> Plan:
+        """The reference's plan under the scale-up guard, from the live replicas the world model saw by `as_of`
+        (as deployed without a guard, or before the fleet has been observed)."""
+        assert self.world_model is not None
+        if self.guard is None:
+            return ref_plan
+        self._live = self.world_model.replicas(as_of)
+        return self.guard.apply(ref_plan, self._live)
 
     def _missing_inputs(self, as_of: datetime) -> tuple[str, ...]:
         """On a fresh start, what has not been delivered yet (the first market's price, GPU telemetry, request
@@ -274,7 +294,14 @@ class AureliusPolicy(Policy):
     def _extra(self, c0: float, reference: Plan) -> dict[str, Any]:
         """The record's policy keys: CPU time of this decision (robust to a shared machine), config, reference."""
         return {"decision_cpu_ms": (time.process_time() - c0) * 1e3, "mode": self.mode, "oracle": self.oracle,
-                "reference_policy": self.reference, "pareto_reference": reference.label, "seed": self.seed}
+                "reference_policy": self.reference, "pareto_reference": reference.label, "seed": self.seed,
+                "scale_guard": self._guard_record()}
+
+    def _guard_record(self) -> dict[str, Any] | None:
+        """The guard's settings and the live replicas it bounded the ceilings by ("site/model/gpu": count)."""
+        if self.guard is None:
+            return None
+        return {**self.guard.as_dict(), "live": {"/".join(k): n for k, n in sorted(self._live.items())}}
 
     def _planned(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
                  forecasts: tuple[DisturbanceForecast, ...], other_refs: tuple[Plan, ...],
@@ -471,6 +498,7 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-no-capacity": {"mode": "full", "ablate": frozenset({"capacity", "target"})},
     "aurelius-no-precision": {"mode": "full", "ablate": frozenset({"precision"})},
     "aurelius-no-batch": {"mode": "full", "ablate": frozenset({"batch"})},
+    "aurelius-no-guard": {"mode": "full", "guard": None},
     "aurelius-horizon": {"mode": "full", "horizon": HorizonSpec(), "horizon_periods": HorizonSpec().periods},
     "oracle": {"mode": "full", "oracle": True},
 }

@@ -13,8 +13,8 @@ The guard keeps the runtime's autoscaler as a safety net whose reach per period 
 is at most max(live + `step`, ceil(`growth` x live)) replicas (live = warm + loading, as the world model saw them
 at the decision), so a burst can add `step` replicas a period, not double the fleet, and the autoscaler's target
 is `target`, so the steady fleet the utilization trigger holds is larger and serves the bursts the surges arrived
-too late for. A pool whose live count is unknown keeps its ceiling; before any count is known the plan is
-left as it is. Floors are never lowered.
+too late for. Once the fleet has been observed a pool it does not list has no replica (live 0); before that the
+plan is left as it is. Floors are never lowered.
 
 The constants were chosen on the week-before hours (the data production-tuned tunes on; never the replayed
 windows): `benchmarks/guard_fit.py`, recorded in benchmarks/results/ (docs/optimizer.md gives the table).
@@ -56,8 +56,9 @@ class ScaleGuard:
         return max(live + self.step, math.ceil(self.growth * live))
 
     def apply(self, plan: Plan, live: Mapping[tuple[str, str, str], int]) -> Plan:
-        """`plan` with each known pool's ceiling bounded by `ceiling(live)` (never below its floor) and the
-        autoscaler's target set; `plan` unchanged when no live count is known or it does not autoscale.
+        """`plan` with each pool's ceiling bounded by `ceiling(live)` (never below its floor; a pool `live` does not
+        list has none) and the autoscaler's target set; `plan` unchanged when `live` is empty (the fleet not
+        observed yet) or it does not autoscale.
 
         >>> from schemas.plan import PoolPlan
         >>> p = Plan((PoolPlan("s", "m", "H100", 1, 16, 4, "bf16", 1024, 1980),), autoscale_target=0.8)
@@ -68,8 +69,7 @@ class ScaleGuard:
         if not live or not plan.autoscale:
             return plan
         pools = tuple(
-            replace(p, replica_ceiling=max(p.replica_floor, min(p.replica_ceiling, self.ceiling(live[p.key]))))
-            if p.key in live else p
+            replace(p, replica_ceiling=max(p.replica_floor, min(p.replica_ceiling, self.ceiling(live.get(p.key, 0)))))
             for p in plan.pools
         )
         label = f"{plan.label} +guard" if plan.label else "guard"

@@ -7,6 +7,7 @@ reference formulation; the replay CLI's factory builds every arm."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from datetime import timedelta
@@ -93,8 +94,8 @@ EXPECTED_FALLBACK: dict[int, tuple[bool, str | None]] = {
     0: (True, re.escape(START_FALLBACK)),  # nothing observed yet: the reference plan as deployed
     1: (True, r"no candidate passed the hard gates \(best: sla: (code|chat) \d+\.\d\d% > budget 1\.00%"
               r"(; chat \d+\.\d\d% > budget 1\.00%)?\)"),
-    # the best candidate short of its lever's measured margin (optimizer/lever_margins.json)
-    2: (True, r"pareto: gp/\$ \d+ <= reference \d+ x 1\.\d+.*"),
+    # the best candidate short of the reference under the scale-up guard, or of its lever's measured margin
+    2: (True, r"pareto: gp/\$ \d+ <= reference \d+( x 1\.\d+)?.*"),
     3: (False, None),
     4: (True, r"pareto: gp/\$ 0 <= reference 0"),  # the drain: nothing offered, nothing to gain, nothing moved
 }
@@ -289,3 +290,19 @@ def test_build_policy_builds_every_arm_and_reference(wl: Workload) -> None:
     assert build_policy("production").name == "production"
     with pytest.raises(ValueError):
         build_policy("oracle", None)
+
+
+def test_the_committed_plan_bounds_the_autoscaler_by_the_live_fleet(records: dict[int, dict]) -> None:
+    """Once the fleet has been observed every committed plan (fallback or not) carries the scale-up guard: each
+    pool's ceiling at most its live replicas + the step (never below its floor), the guard's target, and the
+    live counts it bounded them by in the audit record."""
+    guarded = [rec for rec in records.values() if rec["scale_guard"]["live"]]
+    assert len(guarded) >= PERIODS, "the fleet is observed from the first period on"
+    for rec in guarded:
+        g = rec["scale_guard"]
+        assert rec["chosen_plan"]["autoscale_target"] == g["target"]
+        for p in rec["chosen_plan"]["pools"]:
+            live = g["live"].get("/".join((p["site"], p["model"], p["gpu"])), 0)  # a pool not listed has none
+            bound = max(live + g["step"], math.ceil(g["growth"] * live))
+            assert p["replica_ceiling"] <= max(p["replica_floor"], bound), (rec["period_index"], p, live)
+    assert records[0]["scale_guard"]["live"] == {}  # the start: nothing observed, the reference plan as deployed
