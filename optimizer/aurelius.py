@@ -333,6 +333,8 @@ class AureliusPolicy(Policy):
         self._scorer = score
         if self.ablate:
             score = _pinned(score, ref_plan, self.ablate)
+        if self.guard is not None and self._live:  # every plan scored (and so chosen) has the guard's ceilings
+            score = _bounded(score, self.guard, self._live)
         reference = replace(score(ref_plan), plan=ref_plan)
         for other in other_refs:  # the strongest reference plan by prediction (feasible first) is the yardstick
             s = replace(score(other), plan=other)
@@ -438,6 +440,12 @@ def _scorer(evaluate: Callable[[Plan], PredictedOutcome], objective: Objective, 
 def _pinned(score: Callable[[Plan], Scored], reference: Plan, families: frozenset[str]) -> Callable[[Plan], Scored]:
     """`score` of each plan with `families` pinned to the reference's (the scored plan is the pinned one)."""
     return lambda plan: score(pin_families(plan, reference, families))
+
+
+def _bounded(score: Callable[[Plan], Scored], guard: ScaleGuard,
+             live: dict[tuple[str, str, str], int]) -> Callable[[Plan], Scored]:
+    """`score` of each plan with its ceilings bounded by the scale-up guard (the scored plan is the bounded one)."""
+    return lambda plan: score(guard.bound(plan, live))
 
 
 def _hold_ablated(space: LeverSpace, reference: Plan, families: frozenset[str]) -> LeverSpace:

@@ -55,6 +55,24 @@ class ScaleGuard:
         """
         return max(live + self.step, math.ceil(self.growth * live))
 
+    def bound(self, plan: Plan, live: Mapping[tuple[str, str, str], int]) -> Plan:
+        """`plan` with each pool's ceiling bounded by `ceiling(live)` (never below its floor: a plan may still
+        scale up by its floors; a pool `live` does not list has none); unchanged when `live` is empty or the
+        plan does not autoscale. Its target is left as it is (the planner's candidates may move it).
+
+        >>> from schemas.plan import PoolPlan
+        >>> p = Plan((PoolPlan("s", "m", "H100", 12, 16, 4, "bf16", 1024, 1980),))
+        >>> ScaleGuard(step=1).bound(p, {("s", "m", "H100"): 9}).pools[0].replica_ceiling  # the floor's 12
+        12
+        """
+        if not live or not plan.autoscale:
+            return plan
+        pools = tuple(
+            replace(p, replica_ceiling=max(p.replica_floor, min(p.replica_ceiling, self.ceiling(live.get(p.key, 0)))))
+            for p in plan.pools
+        )
+        return plan if pools == plan.pools else replace(plan, pools=pools)
+
     def apply(self, plan: Plan, live: Mapping[tuple[str, str, str], int]) -> Plan:
         """`plan` with each pool's ceiling bounded by `ceiling(live)` (never below its floor; a pool `live` does not
         list has none) and the autoscaler's target set; `plan` unchanged when `live` is empty (the fleet not
@@ -68,12 +86,8 @@ class ScaleGuard:
         """
         if not live or not plan.autoscale:
             return plan
-        pools = tuple(
-            replace(p, replica_ceiling=max(p.replica_floor, min(p.replica_ceiling, self.ceiling(live.get(p.key, 0)))))
-            for p in plan.pools
-        )
         label = f"{plan.label} +guard" if plan.label else "guard"
-        return replace(plan, pools=pools, autoscale_target=self.target, label=label)
+        return replace(self.bound(plan, live), autoscale_target=self.target, label=label)
 
     def as_dict(self) -> dict[str, float]:
         return {"step": self.step, "growth": self.growth, "target": self.target}
