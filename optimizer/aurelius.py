@@ -21,6 +21,7 @@ no price by the decision time); the replay's history has both, so its decisions 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -164,6 +165,7 @@ class AureliusPolicy(Policy):
         self._ref_plan: Plan | None = None
         self._fresh = self._seen_telemetry = self._seen_arrivals = False
         self._live: dict[tuple[str, str, str], int] = {}
+        self._need: dict[tuple[str, str, str], int] = {}
 
     def start(self, ctx: PolicyContext, history: History) -> Plan:
         if self.forecast_provider is None or self.world_model is None:
@@ -206,7 +208,7 @@ class AureliusPolicy(Policy):
             log.exception("%s: decision for period %d failed; the reference plan stands", self.name, obs.period_index)
             reason = f"decision failed: {type(exc).__name__}: {str(exc)[:200]}"
             self._previous = ref_plan
-            self._live = {}  # the reference's plan as deployed: no guard
+            self._live, self._need = {}, {}  # the reference's plan as deployed: no guard
             return self._reference_only(obs.as_of, obs.period_index, ref_plan, t0, c0, reason, {})
 
     def last_decision(self) -> dict[str, Any] | None:
@@ -225,7 +227,7 @@ class AureliusPolicy(Policy):
                 other_refs: tuple[Plan, ...] = (), forced_fallback: str | None = None) -> Plan:
         assert self.forecast_provider is not None
         self._ref_plan = ref_plan
-        self._live = {}
+        self._live, self._need = {}, {}
         missing = self._missing_inputs(as_of)
         forecasts: tuple[DisturbanceForecast, ...] = ()
         if not missing:
@@ -236,22 +238,37 @@ class AureliusPolicy(Policy):
         if missing:
             plan = self._without_inputs(as_of, period_index, ref_plan, t0, c0, missing)
         else:
-            plan = self._planned(as_of, period_index, self._guarded(as_of, ref_plan), t0, c0, forecasts, other_refs,
-                                 forced_fallback)
+            plan = self._planned(as_of, period_index, ref_plan, t0, c0, forecasts, other_refs, forced_fallback)
         if self.mode == "no-deferral" and plan.batch_admission == BatchAdmission.HOLD:
             # the ablation without deferral: a reference plan chosen as is must not bring its hold along
             plan = replace(plan, batch_admission=BatchAdmission.PRESSURE)
         self._previous = plan
         return plan
 
-    def _guarded(self, as_of: datetime, ref_plan: Plan) -> Plan:
-        """The reference's plan under the scale-up guard, from the live replicas the world model saw by `as_of`
-        (as deployed without a guard, or before the fleet has been observed)."""
+    def _guarded(self, as_of: datetime, ref_plan: Plan, forecasts: tuple[DisturbanceForecast, ...]) -> Plan:
+        """The reference's plan under the scale-up guard, from the live replicas the world model saw by `as_of` and
+        the replicas the forward model predicts the autoscaler needs (as deployed without a guard, or before the
+        fleet has been observed)."""
         assert self.world_model is not None
         if self.guard is None:
             return ref_plan
         self._live = self.world_model.replicas(as_of)
-        return self.guard.apply(ref_plan, self._live)
+        self._need = self._forecast_need(as_of, ref_plan, forecasts) if self._live else {}
+        return self.guard.apply(ref_plan, self._live, self._need)
+
+    def _forecast_need(self, as_of: datetime, ref_plan: Plan,
+                       forecasts: tuple[DisturbanceForecast, ...]) -> dict[tuple[str, str, str], int]:
+        """Per pool, the most replicas the forward model predicts the reference's autoscaler (at the guard's target,
+        no ceiling but the inventory) places at the forecast's 80% upper demand over this period and the next
+        (count): a replica started now serves from the next period on (the cold start outlasts a period)."""
+        assert self.world_model is not None and self.guard is not None
+        plan = replace(ref_plan, autoscale_target=self.guard.target)
+        need: dict[tuple[str, str, str], int] = {}
+        for f in forecasts[:2]:
+            out = self.world_model.evaluator(as_of, _at_upper_demand(f), None, self._previous)(plan)
+            for key, n in out.pool_replicas.items():
+                need[key] = max(need.get(key, 0), math.ceil(n - 1e-9))
+        return need
 
     def _missing_inputs(self, as_of: datetime) -> tuple[str, ...]:
         """On a fresh start, what has not been delivered yet (the first market's price, GPU telemetry, request
@@ -301,13 +318,15 @@ class AureliusPolicy(Policy):
         """The guard's settings and the live replicas it bounded the ceilings by ("site/model/gpu": count)."""
         if self.guard is None:
             return None
-        return {**self.guard.as_dict(), "live": {"/".join(k): n for k, n in sorted(self._live.items())}}
+        return {**self.guard.as_dict(), "live": {"/".join(k): n for k, n in sorted(self._live.items())},
+                "need": {"/".join(k): n for k, n in sorted(self._need.items())}}
 
     def _planned(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
                  forecasts: tuple[DisturbanceForecast, ...], other_refs: tuple[Plan, ...],
                  forced_fallback: str | None) -> Plan:
         """Forecast in hand: score, search, gate and decide; keep the audit record."""
         assert self._ctx is not None and self.world_model is not None
+        ref_plan = self._guarded(as_of, ref_plan, forecasts)
         serving = self.world_model.serving()
         in_force = self._previous if self.floor_release else None
         one_period = self.world_model.evaluator(as_of, forecasts[0], in_force, self._previous)
@@ -334,7 +353,7 @@ class AureliusPolicy(Policy):
         if self.ablate:
             score = _pinned(score, ref_plan, self.ablate)
         if self.guard is not None and self._live:  # every plan scored (and so chosen) has the guard's ceilings
-            score = _bounded(score, self.guard, self._live)
+            score = _bounded(score, self.guard, self._live, self._need)
         reference = replace(score(ref_plan), plan=ref_plan)
         for other in other_refs:  # the strongest reference plan by prediction (feasible first) is the yardstick
             s = replace(score(other), plan=other)
@@ -442,10 +461,16 @@ def _pinned(score: Callable[[Plan], Scored], reference: Plan, families: frozense
     return lambda plan: score(pin_families(plan, reference, families))
 
 
-def _bounded(score: Callable[[Plan], Scored], guard: ScaleGuard,
-             live: dict[tuple[str, str, str], int]) -> Callable[[Plan], Scored]:
+def _at_upper_demand(f: DisturbanceForecast) -> DisturbanceForecast:
+    """`f` with every class's point arrival rate at its 80% upper bound (req/s)."""
+    return replace(f, demand=tuple(replace(d, arrivals_per_s=replace(d.arrivals_per_s, point=d.arrivals_per_s.hi80))
+                                   for d in f.demand))  # fmt: skip
+
+
+def _bounded(score: Callable[[Plan], Scored], guard: ScaleGuard, live: dict[tuple[str, str, str], int],
+             need: dict[tuple[str, str, str], int]) -> Callable[[Plan], Scored]:
     """`score` of each plan with its ceilings bounded by the scale-up guard (the scored plan is the bounded one)."""
-    return lambda plan: score(guard.bound(plan, live))
+    return lambda plan: score(guard.bound(plan, live, need))
 
 
 def _hold_ablated(space: LeverSpace, reference: Plan, families: frozenset[str]) -> LeverSpace:

@@ -10,8 +10,10 @@ docs/optimizer.md "Scale-up guard"). The forward model does not predict those su
 so no candidate was ever credited for avoiding them.
 
 The guard keeps the runtime's autoscaler as a safety net whose reach per period is bounded: each pool's ceiling
-is at most max(live + `step`, ceil(`growth` x live)) replicas (live = warm + loading, as the world model saw them
-at the decision), so a burst can add `step` replicas a period, not double the fleet, and the autoscaler's target
+is at most max(live + `step`, ceil(`growth` x live), need) replicas (live = warm + loading, as the world model saw
+them at the decision; need = what the forward model predicts the autoscaler places at the forecast's 80% upper
+demand this period and the next, so a forecast ramp is served), so a burst the forecast does not explain can add
+`step` replicas a period, not double the fleet, and the autoscaler's target
 is `target`, so the steady fleet the utilization trigger holds is larger and serves the bursts the surges arrived
 too late for. Once the fleet has been observed a pool it does not list has no replica (live 0); before that the
 plan is left as it is. Floors are never lowered.
@@ -47,16 +49,19 @@ class ScaleGuard:
     growth: float = GUARD_GROWTH.value
     target: float = GUARD_TARGET.value
 
-    def ceiling(self, live: int) -> int:
-        """The most replicas a pool with `live` replicas may reach this period (count).
+    def ceiling(self, live: int, need: int = 0) -> int:
+        """The most replicas a pool with `live` replicas may reach this period (count): live + step, the growth
+        factor's, or the `need` the forecast says the autoscaler will want (count), whichever is largest.
 
-        >>> ScaleGuard(step=1, growth=1.0).ceiling(9), ScaleGuard(step=1, growth=1.5).ceiling(9)
-        (10, 14)
+        >>> g = ScaleGuard(step=1, growth=1.0)
+        >>> g.ceiling(9), ScaleGuard(step=1, growth=1.5).ceiling(9), g.ceiling(9, need=13)
+        (10, 14, 13)
         """
-        return max(live + self.step, math.ceil(self.growth * live))
+        return max(live + self.step, math.ceil(self.growth * live), need)
 
-    def bound(self, plan: Plan, live: Mapping[tuple[str, str, str], int]) -> Plan:
-        """`plan` with each pool's ceiling bounded by `ceiling(live)` (never below its floor: a plan may still
+    def bound(self, plan: Plan, live: Mapping[tuple[str, str, str], int],
+              need: Mapping[tuple[str, str, str], int] | None = None) -> Plan:
+        """`plan` with each pool's ceiling bounded by `ceiling(live, need)` (never below its floor: a plan may still
         scale up by its floors; a pool `live` does not list has none); unchanged when `live` is empty or the
         plan does not autoscale. Its target is left as it is (the planner's candidates may move it).
 
@@ -67,16 +72,18 @@ class ScaleGuard:
         """
         if not live or not plan.autoscale:
             return plan
+        need = need or {}
         pools = tuple(
-            replace(p, replica_ceiling=max(p.replica_floor, min(p.replica_ceiling, self.ceiling(live.get(p.key, 0)))))
+            replace(p, replica_ceiling=max(p.replica_floor, min(p.replica_ceiling, self.ceiling(live.get(p.key, 0),
+                                                                                                  need.get(p.key, 0)))))
             for p in plan.pools
         )
         return plan if pools == plan.pools else replace(plan, pools=pools)
 
-    def apply(self, plan: Plan, live: Mapping[tuple[str, str, str], int]) -> Plan:
-        """`plan` with each pool's ceiling bounded by `ceiling(live)` (never below its floor; a pool `live` does not
-        list has none) and the autoscaler's target set; `plan` unchanged when `live` is empty (the fleet not
-        observed yet) or it does not autoscale.
+    def apply(self, plan: Plan, live: Mapping[tuple[str, str, str], int],
+              need: Mapping[tuple[str, str, str], int] | None = None) -> Plan:
+        """`plan` bounded as `bound` does and the autoscaler's target set; `plan` unchanged when `live` is empty
+        (the fleet not observed yet) or it does not autoscale.
 
         >>> from schemas.plan import PoolPlan
         >>> p = Plan((PoolPlan("s", "m", "H100", 1, 16, 4, "bf16", 1024, 1980),), autoscale_target=0.8)
@@ -87,7 +94,7 @@ class ScaleGuard:
         if not live or not plan.autoscale:
             return plan
         label = f"{plan.label} +guard" if plan.label else "guard"
-        return replace(self.bound(plan, live), autoscale_target=self.target, label=label)
+        return replace(self.bound(plan, live, need), autoscale_target=self.target, label=label)
 
     def as_dict(self) -> dict[str, float]:
         return {"step": self.step, "growth": self.growth, "target": self.target}

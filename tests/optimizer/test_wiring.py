@@ -294,15 +294,17 @@ def test_build_policy_builds_every_arm_and_reference(wl: Workload) -> None:
 
 def test_the_committed_plan_bounds_the_autoscaler_by_the_live_fleet(records: dict[int, dict]) -> None:
     """Once the fleet has been observed every committed plan (fallback or not) carries the scale-up guard: each
-    pool's ceiling at most its live replicas + the step (never below its floor), the guard's target, and the
-    live counts it bounded them by in the audit record."""
+    pool's ceiling at most its live replicas + the step or the forecast's need (never below its floor), the
+    guard's target, and the live counts and needs it bounded them by in the audit record."""
     guarded = [rec for rec in records.values() if rec["scale_guard"]["live"]]
     assert len(guarded) >= PERIODS, "the fleet is observed from the first period on"
     for rec in guarded:
         g = rec["scale_guard"]
         assert rec["chosen_plan"]["autoscale_target"] == g["target"]
         for p in rec["chosen_plan"]["pools"]:
-            live = g["live"].get("/".join((p["site"], p["model"], p["gpu"])), 0)  # a pool not listed has none
-            bound = max(live + g["step"], math.ceil(g["growth"] * live))
+            key = "/".join((p["site"], p["model"], p["gpu"]))
+            live = g["live"].get(key, 0)  # a pool not listed has none
+            bound = max(live + g["step"], math.ceil(g["growth"] * live), g["need"].get(key, 0))
             assert p["replica_ceiling"] <= max(p["replica_floor"], bound), (rec["period_index"], p, live)
+    assert any(n > 0 for rec in guarded for n in rec["scale_guard"]["need"].values())  # the forecast's need read
     assert records[0]["scale_guard"]["live"] == {}  # the start: nothing observed, the reference plan as deployed
