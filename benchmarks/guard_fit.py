@@ -1,8 +1,9 @@
 """Choose the scale-up guard's constants (optimizer/scale_guard.py) on the week-before hours, not the windows.
 
-For each market and seed it builds the hours one week before the default window (streams/replay/tuning.py
-`week_before`: the data production-tuned tunes on) and replays production's plan on the ground truth, as deployed
-and with each guard setting of the grid (step x growth x target) applied at every period boundary from the live
+For each market and seed it builds the hours one week before the default window of `--year` (streams/replay/tuning.py
+`week_before`: the data production-tuned tunes on), or with `--source window` that year's default windows
+themselves (for a year other than the one replayed: 2022), and replays production's plan on the ground truth, as
+deployed and with each guard setting of the grid (step x growth x target) applied at every period boundary from the live
 replicas (warm + loading) of the run. Every replay is repeated on `--replicates` noise replicates (arrivals shifted
 by under 1 ms, streams/replay/branching.py): a whole window's gp/$ moves several % with the event order alone, so
 each setting's difference against production is paired on the same replicate and averaged.
@@ -12,6 +13,7 @@ violation-rate difference (pp); the chosen setting has the highest mean rented g
 no class of which is worse than production's by more than `--slack-pp` in any market.
 
     python benchmarks/guard_fit.py --out benchmarks/results/guard_fit_week_before.json
+    python benchmarks/guard_fit.py --year 2022 --source window --out benchmarks/results/guard_fit_2022_windows.json
 
 Runs the ground truth: a measurement tool, never imported by the planner.
 """
@@ -35,7 +37,7 @@ from schemas.fleet import default_fleet
 from streams.replay.branching import NOISE_S, live_replicas
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
-from streams.replay.tuning import week_before
+from streams.replay.tuning import lead_in_fleet, week_before
 from streams.workload.builder import Workload, build_workload
 from worldmodel.groundtruth.runtime import Physics
 
@@ -66,12 +68,17 @@ def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Phy
     return out
 
 
-def measure(job: tuple[str, int, int, int, list[tuple[int, float, float]]]) -> list[dict[str, Any]]:
-    """Every setting of the grid (and production, setting None) on one market and seed's week-before hours."""
-    market, seed, periods, replicates, grid = job
+def measure(job: tuple[str, int, int, int, list[tuple[int, float, float]], int, str]) -> list[dict[str, Any]]:
+    """Every setting of the grid (and production, setting None) on one market and seed's week-before hours (or
+    default window, `source` "window")."""
+    market, seed, periods, replicates, grid, year, source = job
     physics = Physics()
-    window = build_workload(market, 2023, rule="max", periods=1, seed=seed).window
-    wl, initial = week_before(market, window.start, default_fleet(), seed=seed, physics=physics, periods=periods)
+    if source == "window":
+        wl = build_workload(market, year, rule="max", periods=periods, seed=seed)
+        initial = lead_in_fleet(market, wl.window.start, default_fleet(), seed=seed, physics=physics)
+    else:
+        window = build_workload(market, year, rule="max", periods=1, seed=seed).window
+        wl, initial = week_before(market, window.start, default_fleet(), seed=seed, physics=physics, periods=periods)
     rows = []
     for r in range(1, replicates + 1):
         noisy = _noisy(wl, r)
@@ -113,7 +120,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markets", default="PJM,ERCOT,CAISO")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--periods", type=int, default=36, help="periods of the week-before window (count)")
+    ap.add_argument("--year", type=int, default=2023, help="the year whose default windows (or week before) fit")
+    ap.add_argument("--source", choices=("week-before", "window"), default="week-before",
+                    help="the week before each default window, or the window itself (another year's)")
+    ap.add_argument("--periods", type=int, default=36, help="periods of the fitted window (count)")
     ap.add_argument("--replicates", type=int, default=3, help="noise replicates per replay (count)")
     ap.add_argument("--steps", default="1,2")
     ap.add_argument("--growths", default="1.0,1.5")
@@ -124,7 +134,7 @@ def main() -> None:
     args = ap.parse_args()
     grid = list(itertools.product([int(s) for s in args.steps.split(",")], [float(g) for g in args.growths.split(",")],
                                   [float(t) for t in args.targets.split(",")]))  # fmt: skip
-    jobs = [(m, int(s), args.periods, args.replicates, grid) for m in args.markets.split(",")
+    jobs = [(m, int(s), args.periods, args.replicates, grid, args.year, args.source) for m in args.markets.split(",")
             for s in args.seeds.split(",")]  # fmt: skip
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as ex:
