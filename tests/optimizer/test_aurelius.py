@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -216,3 +217,34 @@ def test_a_decision_that_fails_on_odd_inputs_recommends_the_reference_and_decisi
     assert failed["chosen_plan"] == failed["reference_plan"]
     SCHEMA(failed)
     assert not recs[3]["fallback_reason"] or not recs[3]["fallback_reason"].startswith("decision failed")
+
+
+class _LiveWorld(FakeWorld):
+    """FakeWorld with 3 live replicas of the 70B H100 pool, whose forward model places `need` of them."""
+
+    KEY = ("site-pjm", "llama-3.1-70b", "H100")
+
+    def __init__(self, need: int) -> None:
+        super().__init__()
+        self.need = need
+
+    def replicas(self, as_of):  # noqa: ANN001, ANN201
+        return {self.KEY: 3}
+
+    def evaluator(self, as_of, f, in_force=None, running=None):  # noqa: ANN001, ANN201
+        base = super().evaluator(as_of, f, in_force, running)
+        return lambda plan: replace(base(plan), pool_replicas={self.KEY: float(self.need)})
+
+
+@pytest.mark.parametrize(("need", "ceiling"), [(0, 5), (7, 7), (20, 8)])
+def test_the_guard_bounds_the_reference_by_the_live_fleet_or_the_forecast_need(need: int, ceiling: int):
+    """The yardstick's 70B H100 ceiling: live 3 + 1 is under the pool's floor 5, so the floor; a forecast need of 7
+    lifts it to 7; a need of 20 stops at the reference's own ceiling 8. Pools with no live replica may add one."""
+    pol = AureliusPolicy(world_model=_LiveWorld(need), reference_policy=StubReference(),
+                         forecast_provider=PersistenceForecasts(), audit=False)
+    rec = run(pol, periods=1)[1]
+    ref = {(p["site"], p["model"], p["gpu"]): p for p in rec["reference_plan"]["pools"]}
+    assert ref[_LiveWorld.KEY]["replica_ceiling"] == ceiling
+    assert ref[("site-pjm", "llama-3.1-70b", "A100")]["replica_ceiling"] == 1  # none live, no need: one may start
+    assert rec["reference_plan"]["autoscale_target"] == 0.7
+    assert rec["scale_guard"]["live"] == {"site-pjm/llama-3.1-70b/H100": 3}
