@@ -3,10 +3,11 @@
 For each market and seed it builds the hours one week before the default window of `--year` (streams/replay/tuning.py
 `week_before`: the data production-tuned tunes on), or with `--source window` that year's default windows
 themselves (for a year other than the one replayed: 2022), and replays production's plan on the ground truth, as
-deployed and with each guard setting of the grid (step x growth x target) applied at every period boundary from the live
-replicas (warm + loading) of the run. Every replay is repeated on `--replicates` noise replicates (arrivals shifted
-by under 1 ms, streams/replay/branching.py): a whole window's gp/$ moves several % with the event order alone, so
-each setting's difference against production is paired on the same replicate and averaged.
+deployed and with each guard setting of the grid (step x growth x target x backlog) applied at every period
+boundary from the live replicas (warm + loading) and the waiting sequences of the run's last minute. Every replay
+is repeated on `--replicates` noise replicates (arrivals shifted by under 1 ms, streams/replay/branching.py): a
+whole window's gp/$ moves several % with the event order alone, so each setting's difference against production
+is paired on the same replicate and averaged.
 
 Per market and setting it prints the mean rented and owned gp/$ difference against production and each class's
 violation-rate difference (pp); the chosen setting has the highest mean rented gain over the markets among those
@@ -55,9 +56,26 @@ def _noisy(wl: Workload, r: int) -> Workload:
     return replace(wl, requests=wl.requests.with_columns(pl.Series("arrival_s", arr + shift)))
 
 
+def waiting(run: Any, window_s: float = 60.0) -> dict[tuple[str, str, str], float]:
+    """Per pool, the sequences waiting over the run's last `window_s` s of telemetry (count: each replica's mean,
+    summed), what the world model's snapshot reads from the same records (optimizer.world_adapter `waiting`)."""
+    rt, logs = run.runtime, run.runtime.logs
+    n = int(logs.n_tel[0])
+    if n == 0:
+        return {}
+    t = logs.tel_t[:n]
+    recent = t > t.max() - window_s
+    reps, w = logs.tel_rep[:n][recent], logs.tel_waiting[:n][recent].astype(float)
+    per_rep = np.bincount(reps, weights=w, minlength=rt.rep.pool.shape[0])
+    ticks = np.bincount(reps, minlength=rt.rep.pool.shape[0])
+    mean = np.divide(per_rep, ticks, out=np.zeros_like(per_rep), where=ticks > 0)
+    sums = np.bincount(rt.rep.pool, weights=mean, minlength=len(rt.pool_keys))
+    return {key: float(sums[p]) for p, key in enumerate(rt.pool_keys)}
+
+
 def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Physics) -> dict[str, float]:
     def intercept(k: int, run: Any, plan: Any) -> Any:
-        return guard.apply(plan, live_replicas(run)) if guard is not None else plan
+        return guard.apply(plan, live_replicas(run), None, waiting(run)) if guard is not None else plan
 
     run = run_replay(wl, create("production"), default_fleet(), period_s=300.0, physics=physics,
                      initial_replicas=initial, intercept=intercept)  # fmt: skip
@@ -68,7 +86,7 @@ def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Phy
     return out
 
 
-def measure(job: tuple[str, int, int, int, list[tuple[int, float, float]], int, str]) -> list[dict[str, Any]]:
+def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], int, str]) -> list[dict[str, Any]]:
     """Every setting of the grid (and production, setting None) on one market and seed's week-before hours (or
     default window, `source` "window")."""
     market, seed, periods, replicates, grid, year, source = job
@@ -83,7 +101,8 @@ def measure(job: tuple[str, int, int, int, list[tuple[int, float, float]], int, 
     for r in range(1, replicates + 1):
         noisy = _noisy(wl, r)
         for setting in [None, *grid]:
-            guard = None if setting is None else ScaleGuard(step=setting[0], growth=setting[1], target=setting[2])
+            guard = None if setting is None else ScaleGuard(step=setting[0], growth=setting[1], target=setting[2],
+                                                            backlog=bool(setting[3]))
             rows.append({"market": market, "seed": seed, "replicate": r, "setting": setting,
                          **_figures(noisy, initial, guard, physics)})  # fmt: skip
     return rows
@@ -111,9 +130,9 @@ def choose(tab: dict[str, dict[str, dict[str, float]]], slack_pp: float) -> str 
     return max(ok, key=ok.__getitem__) if ok else None
 
 
-def _name(setting: tuple[int, float, float] | list) -> str:
-    step, growth, target = setting
-    return f"step{step}-growth{growth:g}-target{target:g}"
+def _name(setting: tuple[int, float, float, int] | list) -> str:
+    step, growth, target, backlog = setting
+    return f"step{step}-growth{growth:g}-target{target:g}" + ("-backlog" if backlog else "")
 
 
 def main() -> None:
@@ -128,12 +147,14 @@ def main() -> None:
     ap.add_argument("--steps", default="1,2")
     ap.add_argument("--growths", default="1.0,1.5")
     ap.add_argument("--targets", default="0.6,0.7,0.8")
+    ap.add_argument("--backlogs", default="0,1", help="the backlog term off (0) and on (1)")
     ap.add_argument("--slack-pp", type=float, default=0.1, help="a class may be worse than production's by (pp)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     grid = list(itertools.product([int(s) for s in args.steps.split(",")], [float(g) for g in args.growths.split(",")],
-                                  [float(t) for t in args.targets.split(",")]))  # fmt: skip
+                                  [float(t) for t in args.targets.split(",")],
+                                  [int(b) for b in args.backlogs.split(",")]))  # fmt: skip
     jobs = [(m, int(s), args.periods, args.replicates, grid, args.year, args.source) for m in args.markets.split(",")
             for s in args.seeds.split(",")]  # fmt: skip
     t0 = time.perf_counter()

@@ -166,6 +166,7 @@ class AureliusPolicy(Policy):
         self._fresh = self._seen_telemetry = self._seen_arrivals = False
         self._live: dict[tuple[str, str, str], int] = {}
         self._need: dict[tuple[str, str, str], int] = {}
+        self._waiting: dict[tuple[str, str, str], float] = {}
 
     def start(self, ctx: PolicyContext, history: History) -> Plan:
         if self.forecast_provider is None or self.world_model is None:
@@ -208,7 +209,7 @@ class AureliusPolicy(Policy):
             log.exception("%s: decision for period %d failed; the reference plan stands", self.name, obs.period_index)
             reason = f"decision failed: {type(exc).__name__}: {str(exc)[:200]}"
             self._previous = ref_plan
-            self._live, self._need = {}, {}  # the reference's plan as deployed: no guard
+            self._live, self._need, self._waiting = {}, {}, {}  # the reference's plan as deployed: no guard
             return self._reference_only(obs.as_of, obs.period_index, ref_plan, t0, c0, reason, {})
 
     def last_decision(self) -> dict[str, Any] | None:
@@ -227,7 +228,7 @@ class AureliusPolicy(Policy):
                 other_refs: tuple[Plan, ...] = (), forced_fallback: str | None = None) -> Plan:
         assert self.forecast_provider is not None
         self._ref_plan = ref_plan
-        self._live, self._need = {}, {}
+        self._live, self._need, self._waiting = {}, {}, {}
         missing = self._missing_inputs(as_of)
         forecasts: tuple[DisturbanceForecast, ...] = ()
         if not missing:
@@ -254,7 +255,8 @@ class AureliusPolicy(Policy):
             return ref_plan
         self._live = self.world_model.replicas(as_of)
         self._need = self._forecast_need(as_of, ref_plan, forecasts) if self._live else {}
-        return self.guard.apply(ref_plan, self._live, self._need)
+        self._waiting = self.world_model.waiting(as_of) if self._live else {}
+        return self.guard.apply(ref_plan, self._live, self._need, self._waiting)
 
     def _forecast_need(self, as_of: datetime, ref_plan: Plan,
                        forecasts: tuple[DisturbanceForecast, ...]) -> dict[tuple[str, str, str], int]:
@@ -319,7 +321,8 @@ class AureliusPolicy(Policy):
         if self.guard is None:
             return None
         return {**self.guard.as_dict(), "live": {"/".join(k): n for k, n in sorted(self._live.items())},
-                "need": {"/".join(k): n for k, n in sorted(self._need.items())}}
+                "need": {"/".join(k): n for k, n in sorted(self._need.items())},
+                "waiting": {"/".join(k): round(w, 3) for k, w in sorted(self._waiting.items())}}
 
     def _planned(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
                  forecasts: tuple[DisturbanceForecast, ...], other_refs: tuple[Plan, ...],
@@ -353,7 +356,7 @@ class AureliusPolicy(Policy):
         if self.ablate:
             score = _pinned(score, ref_plan, self.ablate)
         if self.guard is not None and self._live:  # every plan scored (and so chosen) has the guard's ceilings
-            score = _bounded(score, self.guard, self._live, self._need)
+            score = _bounded(score, self.guard, self._live, self._need, self._waiting)
         reference = replace(score(ref_plan), plan=ref_plan)
         for other in other_refs:  # the strongest reference plan by prediction (feasible first) is the yardstick
             s = replace(score(other), plan=other)
@@ -468,9 +471,10 @@ def _at_upper_demand(f: DisturbanceForecast) -> DisturbanceForecast:
 
 
 def _bounded(score: Callable[[Plan], Scored], guard: ScaleGuard, live: dict[tuple[str, str, str], int],
-             need: dict[tuple[str, str, str], int]) -> Callable[[Plan], Scored]:
+             need: dict[tuple[str, str, str], int],
+             waiting: dict[tuple[str, str, str], float]) -> Callable[[Plan], Scored]:
     """`score` of each plan with its ceilings bounded by the scale-up guard (the scored plan is the bounded one)."""
-    return lambda plan: score(guard.bound(plan, live, need))
+    return lambda plan: score(guard.bound(plan, live, need, waiting))
 
 
 def _hold_ablated(space: LeverSpace, reference: Plan, families: frozenset[str]) -> LeverSpace:

@@ -53,6 +53,11 @@ class WorldModelPort(Protocol):
         """Warm + loading replicas per (site, model, gpu) as of `as_of` ({} when unknown)."""
         ...
 
+    def waiting(self, as_of: datetime) -> dict[tuple[str, str, str], float]:
+        """Sequences waiting per (site, model, gpu) over the minute before `as_of` (count: mean per warm replica x
+        warm replicas; {} when unknown)."""
+        ...
+
     def prices(self, market: str, as_of: datetime) -> pl.DataFrame:
         """`market`'s price records published by `as_of` (interval_start, lmp_usd_mwh $/MWh), by interval: the
         one price store the policy reads (the world state's)."""

@@ -12,8 +12,10 @@ so no candidate was ever credited for avoiding them.
 The guard keeps the runtime's autoscaler as a safety net whose reach per period is bounded: each pool's ceiling
 is at most max(live + `step`, ceil(`growth` x live), need) replicas (live = warm + loading, as the world model saw
 them at the decision; need = what the forward model predicts the autoscaler places at the forecast's 80% upper
-demand this period and the next, so a forecast ramp is served), so a burst the forecast does not explain can add
-`step` replicas a period, not double the fleet, and the autoscaler's target
+demand this period and the next, so a forecast ramp is served; and what the backlog trigger asks for the sequences
+that waited over the last minute, so a backlog that outlasts a burst is served as the reference's autoscaler would),
+so a burst the forecast does not explain can add `step` replicas a period, not double the fleet, and the autoscaler's
+target
 is `target`, so the steady fleet the utilization trigger holds is larger and serves the bursts the surges arrived
 too late for. Once the fleet has been observed a pool it does not list has no replica (live 0); before that the
 plan is left as it is. Floors are never lowered.
@@ -30,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from schemas.plan import Plan
 from schemas.provenance import Provenance, Tagged
+from worldmodel.transients import AUTOSCALER_WAITING_PER_REPLICA
 
 #: Replicas a pool may add per control period above its live count (count).
 GUARD_STEP = Tagged(1.0, "replicas/period", Provenance.MODELED,
@@ -43,27 +46,33 @@ GUARD_TARGET = Tagged(0.7, "ratio", Provenance.MODELED, "fitted on the week-befo
 @dataclass(frozen=True)
 class ScaleGuard:
     """The guard's settings. step : replicas a pool may add per period (count); growth : ceiling factor on the
-    live count (ratio); target : the autoscaler's utilization target (ratio)."""
+    live count (ratio); target : the autoscaler's utilization target (ratio); backlog : let a backlog that
+    outlasted the last minute reach what the runtime's backlog trigger asks for it."""
 
     step: int = int(GUARD_STEP.value)
     growth: float = GUARD_GROWTH.value
     target: float = GUARD_TARGET.value
+    backlog: bool = True
 
-    def ceiling(self, live: int, need: int = 0) -> int:
+    def ceiling(self, live: int, need: int = 0, waiting: float = 0.0) -> int:
         """The most replicas a pool with `live` replicas may reach this period (count): live + step, the growth
-        factor's, or the `need` the forecast says the autoscaler will want (count), whichever is largest.
+        factor's, the `need` the forecast says the autoscaler will want (count), or, with `backlog`, what the
+        backlog trigger asks for the `waiting` sequences the pool held over the last minute (count), whichever is
+        largest.
 
         >>> g = ScaleGuard(step=1, growth=1.0)
-        >>> g.ceiling(9), ScaleGuard(step=1, growth=1.5).ceiling(9), g.ceiling(9, need=13)
-        (10, 14, 13)
+        >>> g.ceiling(9), ScaleGuard(step=1, growth=1.5).ceiling(9), g.ceiling(9, need=13), g.ceiling(9, 0, 80.0)
+        (10, 14, 13, 16)
         """
-        return max(live + self.step, math.ceil(self.growth * live), need)
+        backlog = math.ceil(waiting / AUTOSCALER_WAITING_PER_REPLICA - 1e-9) if self.backlog else 0
+        return max(live + self.step, math.ceil(self.growth * live), need, backlog)
 
     def bound(self, plan: Plan, live: Mapping[tuple[str, str, str], int],
-              need: Mapping[tuple[str, str, str], int] | None = None) -> Plan:
-        """`plan` with each pool's ceiling bounded by `ceiling(live, need)` (never below its floor: a plan may still
-        scale up by its floors; a pool `live` does not list has none); unchanged when `live` is empty or the
-        plan does not autoscale. Its target is left as it is (the planner's candidates may move it).
+              need: Mapping[tuple[str, str, str], int] | None = None,
+              waiting: Mapping[tuple[str, str, str], float] | None = None) -> Plan:
+        """`plan` with each pool's ceiling bounded by `ceiling(live, need, waiting)` (never below its floor: a plan
+        may still scale up by its floors; a pool `live` does not list has none); unchanged when `live` is empty or
+        the plan does not autoscale. Its target is left as it is (the planner's candidates may move it).
 
         >>> from schemas.plan import PoolPlan
         >>> p = Plan((PoolPlan("s", "m", "H100", 12, 16, 4, "bf16", 1024, 1980),))
@@ -72,16 +81,17 @@ class ScaleGuard:
         """
         if not live or not plan.autoscale:
             return plan
-        need = need or {}
+        need, waiting = need or {}, waiting or {}
         pools = tuple(
-            replace(p, replica_ceiling=max(p.replica_floor, min(p.replica_ceiling, self.ceiling(live.get(p.key, 0),
-                                                                                                  need.get(p.key, 0)))))
+            replace(p, replica_ceiling=max(p.replica_floor, min(p.replica_ceiling, self.ceiling(
+                live.get(p.key, 0), need.get(p.key, 0), waiting.get(p.key, 0.0)))))
             for p in plan.pools
         )
         return plan if pools == plan.pools else replace(plan, pools=pools)
 
     def apply(self, plan: Plan, live: Mapping[tuple[str, str, str], int],
-              need: Mapping[tuple[str, str, str], int] | None = None) -> Plan:
+              need: Mapping[tuple[str, str, str], int] | None = None,
+              waiting: Mapping[tuple[str, str, str], float] | None = None) -> Plan:
         """`plan` bounded as `bound` does and the autoscaler's target set; `plan` unchanged when `live` is empty
         (the fleet not observed yet) or it does not autoscale.
 
@@ -94,7 +104,7 @@ class ScaleGuard:
         if not live or not plan.autoscale:
             return plan
         label = f"{plan.label} +guard" if plan.label else "guard"
-        return replace(self.bound(plan, live, need), autoscale_target=self.target, label=label)
+        return replace(self.bound(plan, live, need, waiting), autoscale_target=self.target, label=label)
 
     def as_dict(self) -> dict[str, float]:
-        return {"step": self.step, "growth": self.growth, "target": self.target}
+        return {"step": self.step, "growth": self.growth, "target": self.target, "backlog": self.backlog}

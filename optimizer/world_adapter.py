@@ -153,6 +153,10 @@ class WorldStateModel:
         """Warm + loading replicas per (site, model, gpu) as of `as_of`, from the state."""
         return {p.key: p.warm + p.loading for p in self.snapshot(as_of).pools}
 
+    def waiting(self, as_of: datetime) -> dict[tuple[str, str, str], float]:
+        """Sequences waiting per (site, model, gpu) over the minute before `as_of`, from the state's telemetry."""
+        return {p.key: p.waiting * p.warm for p in self.snapshot(as_of).pools}
+
     def evaluator(self, as_of: datetime, forecast: DisturbanceForecast, in_force: Plan | None = None,
                   running: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
         fm, start = self._forward(as_of, in_force, running)

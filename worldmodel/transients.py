@@ -24,6 +24,9 @@ from worldmodel.queueing import Pool
 #: count of the last 300 s allows it (Kubernetes HPA's default, as the runtime runs it; the ground truth's own
 #: copy is worldmodel/groundtruth/scaler.py, which the planner never imports).
 AUTOSCALER_STABILIZATION_S = 300.0
+#: The runtime autoscaler's backlog trigger: ceil(waiting / this) replicas (KEDA's threshold on
+#: vllm:num_requests_waiting, REFERENCES.md; the ground truth's copy is worldmodel/groundtruth/scaler.py).
+AUTOSCALER_WAITING_PER_REPLICA = 5.0
 #: The runtime autoscaler's tolerance: it leaves the count alone while its utilization is within +-10% of the
 #: target (ratio).
 AUTOSCALER_TOLERANCE = 0.1

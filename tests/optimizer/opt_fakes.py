@@ -152,6 +152,9 @@ class FakeWorld:
     def replicas(self, as_of: datetime) -> dict[tuple[str, str, str], int]:
         return {}
 
+    def waiting(self, as_of: datetime) -> dict[tuple[str, str, str], float]:
+        return {}
+
     def serving(self) -> ServingModel:
         return ServingModel()
 
