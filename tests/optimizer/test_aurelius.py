@@ -220,27 +220,33 @@ def test_a_decision_that_fails_on_odd_inputs_recommends_the_reference_and_decisi
 
 
 class _LiveWorld(FakeWorld):
-    """FakeWorld with 3 live replicas of the 70B H100 pool, whose forward model places `need` of them."""
+    """FakeWorld with 3 live replicas of the 70B H100 pool, whose forward model places `need` of them and which
+    held `waiting` sequences over the last minute."""
 
     KEY = ("site-pjm", "llama-3.1-70b", "H100")
 
-    def __init__(self, need: int) -> None:
+    def __init__(self, need: int, waiting: float = 0.0) -> None:
         super().__init__()
-        self.need = need
+        self.need, self.held = need, waiting
 
     def replicas(self, as_of):  # noqa: ANN001, ANN201
         return {self.KEY: 3}
+
+    def waiting(self, as_of):  # noqa: ANN001, ANN201
+        return {self.KEY: self.held}
 
     def evaluator(self, as_of, f, in_force=None, running=None):  # noqa: ANN001, ANN201
         base = super().evaluator(as_of, f, in_force, running)
         return lambda plan: replace(base(plan), pool_replicas={self.KEY: float(self.need)})
 
 
-@pytest.mark.parametrize(("need", "ceiling"), [(0, 5), (7, 7), (20, 8)])
-def test_the_guard_bounds_the_reference_by_the_live_fleet_or_the_forecast_need(need: int, ceiling: int):
+@pytest.mark.parametrize(("need", "waiting", "ceiling"), [(0, 0.0, 5), (7, 0.0, 7), (20, 0.0, 8), (0, 31.0, 7)])
+def test_the_guard_bounds_the_reference_by_the_live_fleet_or_the_forecast_need(need: int, waiting: float,
+                                                                                ceiling: int):
     """The yardstick's 70B H100 ceiling: live 3 + 1 is under the pool's floor 5, so the floor; a forecast need of 7
-    lifts it to 7; a need of 20 stops at the reference's own ceiling 8. Pools with no live replica may add one."""
-    pol = AureliusPolicy(world_model=_LiveWorld(need), reference_policy=StubReference(),
+    lifts it to 7; a need of 20 stops at the reference's own ceiling 8; 31 sequences waiting over the last minute
+    lift it to the backlog trigger's ceil(31 / 5) = 7. Pools with no live replica may add one."""
+    pol = AureliusPolicy(world_model=_LiveWorld(need, waiting), reference_policy=StubReference(),
                          forecast_provider=PersistenceForecasts(), audit=False)
     rec = run(pol, periods=1)[1]
     ref = {(p["site"], p["model"], p["gpu"]): p for p in rec["reference_plan"]["pools"]}
