@@ -12,19 +12,19 @@ so no candidate was ever credited for avoiding them.
 The guard keeps the runtime's autoscaler as a safety net whose reach per period is bounded: each pool's ceiling
 is at most max(live + `step`, ceil(`growth` x live), need) replicas (live = warm + loading, as the world model saw
 them at the decision; need = what the forward model predicts the autoscaler places at the forecast's 80% upper
-demand this period and the next, so a forecast ramp is served; and what the backlog trigger asks for the sequences
-that waited over the last minute, so a backlog that outlasts a burst is served as the reference's autoscaler would),
-so a burst the forecast does not explain can add `step` replicas a period, not double the fleet, and the autoscaler's
-target
-is `target`, so the steady fleet the utilization trigger holds is larger and serves the bursts the surges arrived
-too late for. Once the fleet has been observed a pool it does not list has no replica (live 0); before that the
-plan is left as it is. Floors are never lowered.
+demand this period and the next, so a forecast ramp is served; with `backlog`, also what the backlog trigger asks
+for the sequences that waited over the last minute), so a burst the forecast does not explain can add `step`
+replicas a period, not double the fleet, and the autoscaler's target is `target`, so the steady fleet the
+utilization trigger holds is larger and serves the bursts the surges arrived too late for. Once the fleet has
+been observed a pool it does not list has no replica (live 0); before that the plan is left as it is. Floors are
+never lowered.
 
 The constants were chosen on the week-before hours (the data production-tuned tunes on; never the replayed
 windows) and on 2022's windows: `benchmarks/guard_fit.py`, recorded in benchmarks/results/ (docs/optimizer.md
-gives the table). The backlog term is not a fitted choice: on that data it costs 2-5 pp of gain and the fit leaves
-it off; it is on as a safety valve, added after CAISO's 2023 default window (demand doubling mid-way) raised chat
-violations by 6.3 pp without it (docs/optimizer.md says so with both sets of figures).
+gives the table). The backlog term (`backlog`) was tried after CAISO's 2023 default window (demand doubling
+mid-way) raised chat violations by 6.3 pp: it mends that window, but costs 2-5 pp of gain on the fit data, which
+leaves it off, and did worse on the windows replayed after it (median PJM, held-out 2024 CAISO); it is off
+(docs/optimizer.md has both sets of figures).
 """
 
 from __future__ import annotations
@@ -50,12 +50,13 @@ GUARD_TARGET = Tagged(0.7, "ratio", Provenance.MODELED, "fitted on the week-befo
 class ScaleGuard:
     """The guard's settings. step : replicas a pool may add per period (count); growth : ceiling factor on the
     live count (ratio); target : the autoscaler's utilization target (ratio); backlog : let a backlog that
-    outlasted the last minute reach what the runtime's backlog trigger asks for it."""
+    outlasted the last minute reach what the runtime's backlog trigger asks for it (off: the fit leaves it off,
+    and the windows replayed after it was tried did better without it; module docstring)."""
 
     step: int = int(GUARD_STEP.value)
     growth: float = GUARD_GROWTH.value
     target: float = GUARD_TARGET.value
-    backlog: bool = True
+    backlog: bool = False
 
     def ceiling(self, live: int, need: int = 0, waiting: float = 0.0) -> int:
         """The most replicas a pool with `live` replicas may reach this period (count): live + step, the growth
@@ -65,7 +66,9 @@ class ScaleGuard:
 
         >>> g = ScaleGuard(step=1, growth=1.0)
         >>> g.ceiling(9), ScaleGuard(step=1, growth=1.5).ceiling(9), g.ceiling(9, need=13), g.ceiling(9, 0, 80.0)
-        (10, 14, 13, 16)
+        (10, 14, 13, 10)
+        >>> ScaleGuard(backlog=True).ceiling(9, 0, 80.0)  # 80 sequences waited: the backlog trigger asks for 16
+        16
         """
         backlog = math.ceil(waiting / AUTOSCALER_WAITING_PER_REPLICA - 1e-9) if self.backlog else 0
         return max(live + self.step, math.ceil(self.growth * live), need, backlog)

@@ -24,6 +24,7 @@ from opt_fakes import (
 from optimizer.aurelius import START_FALLBACK, AureliusPolicy
 from optimizer.levers import plan_key
 from optimizer.registry import create, names
+from optimizer.scale_guard import ScaleGuard
 from schemas.audit import decision_id
 
 SCHEMA = fastjsonschema.compile(json.loads(Path("schemas/audit_record.v1.schema.json").read_text()))
@@ -240,14 +241,17 @@ class _LiveWorld(FakeWorld):
         return lambda plan: replace(base(plan), pool_replicas={self.KEY: float(self.need)})
 
 
-@pytest.mark.parametrize(("need", "waiting", "ceiling"), [(0, 0.0, 5), (7, 0.0, 7), (20, 0.0, 8), (0, 31.0, 7)])
+@pytest.mark.parametrize(("need", "waiting", "backlog", "ceiling"),
+                         [(0, 0.0, False, 5), (7, 0.0, False, 7), (20, 0.0, False, 8), (0, 31.0, False, 5),
+                          (0, 31.0, True, 7)])
 def test_the_guard_bounds_the_reference_by_the_live_fleet_or_the_forecast_need(need: int, waiting: float,
-                                                                                ceiling: int):
+                                                                                backlog: bool, ceiling: int):
     """The yardstick's 70B H100 ceiling: live 3 + 1 is under the pool's floor 5, so the floor; a forecast need of 7
     lifts it to 7; a need of 20 stops at the reference's own ceiling 8; 31 sequences waiting over the last minute
-    lift it to the backlog trigger's ceil(31 / 5) = 7. Pools with no live replica may add one."""
+    lift it to the backlog trigger's ceil(31 / 5) = 7 only with the backlog term. Pools with no live replica may
+    add one."""
     pol = AureliusPolicy(world_model=_LiveWorld(need, waiting), reference_policy=StubReference(),
-                         forecast_provider=PersistenceForecasts(), audit=False)
+                         forecast_provider=PersistenceForecasts(), audit=False, guard=ScaleGuard(backlog=backlog))
     rec = run(pol, periods=1)[1]
     ref = {(p["site"], p["model"], p["gpu"]): p for p in rec["reference_plan"]["pools"]}
     assert ref[_LiveWorld.KEY]["replica_ceiling"] == ceiling
