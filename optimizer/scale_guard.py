@@ -37,13 +37,13 @@ from schemas.plan import Plan
 from schemas.provenance import Provenance, Tagged
 from worldmodel.transients import AUTOSCALER_WAITING_PER_REPLICA
 
+_FIT = "chosen on the week-before hours and on 2022's windows, ground-truth replays (benchmarks/guard_fit.py)"
 #: Replicas a pool may add per control period above its live count (count).
-GUARD_STEP = Tagged(1.0, "replicas/period", Provenance.MODELED,
-                    "fitted on the week-before hours (benchmarks/guard_fit.py)")
+GUARD_STEP = Tagged(1.0, "replicas/period", Provenance.MODELED, _FIT)
 #: The ceiling's growth factor on the live count (ratio; the ceiling is the larger of live + step and this).
-GUARD_GROWTH = Tagged(1.0, "ratio", Provenance.MODELED, "fitted on the week-before hours (benchmarks/guard_fit.py)")
+GUARD_GROWTH = Tagged(1.0, "ratio", Provenance.MODELED, _FIT)
 #: The autoscaler's utilization target under the guard (ratio).
-GUARD_TARGET = Tagged(0.7, "ratio", Provenance.MODELED, "fitted on the week-before hours (benchmarks/guard_fit.py)")
+GUARD_TARGET = Tagged(0.7, "ratio", Provenance.MODELED, _FIT)
 
 
 @dataclass(frozen=True)
@@ -112,5 +112,6 @@ class ScaleGuard:
         label = f"{plan.label} +guard" if plan.label else "guard"
         return replace(self.bound(plan, live, need, waiting), autoscale_target=self.target, label=label)
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | bool]:
+        """The settings, as the audit record carries them."""
         return {"step": self.step, "growth": self.growth, "target": self.target, "backlog": self.backlog}
