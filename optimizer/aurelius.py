@@ -267,7 +267,8 @@ class AureliusPolicy(Policy):
         plan = replace(ref_plan, autoscale_target=self.guard.target)
         need: dict[tuple[str, str, str], int] = {}
         for f in forecasts[:2]:
-            out = self.world_model.evaluator(as_of, _at_upper_demand(f), None, self._previous)(plan)
+            # the point forecast alone: the counts are the point scenario's, the bounds' three evaluations unused
+            out = self.world_model.evaluator(as_of, _at_upper_demand(f), None, self._previous, spread=False)(plan)
             for key, n in out.pool_replicas.items():
                 need[key] = max(need.get(key, 0), math.ceil(n - 1e-9))
         return need

@@ -36,10 +36,11 @@ class WorldModelPort(Protocol):
     def update(self, obs: Observations) -> None: ...
 
     def evaluator(self, as_of: datetime, forecast: DisturbanceForecast, in_force: Plan | None = None,
-                  running: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
+                  running: Plan | None = None, spread: bool = True) -> Callable[[Plan], PredictedOutcome]:
         """A read-only scorer of plans for the period starting at `as_of`; `in_force` is the plan whose floors
         hold replicas a new plan may release; `running` the plan the runtime runs now (its KV dtype and token
-        budget: a plan changing them restarts the pool)."""
+        budget: a plan changing them restarts the pool); `spread` False scores the point forecast alone (the
+        point figures stand for the bounds)."""
         ...
 
     def horizon(self, as_of: datetime, forecasts: tuple[DisturbanceForecast, ...], spec: HorizonSpec,

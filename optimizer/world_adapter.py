@@ -158,8 +158,10 @@ class WorldStateModel:
         return {p.key: p.waiting * p.warm for p in self.snapshot(as_of).pools}
 
     def evaluator(self, as_of: datetime, forecast: DisturbanceForecast, in_force: Plan | None = None,
-                  running: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
+                  running: Plan | None = None, spread: bool = True) -> Callable[[Plan], PredictedOutcome]:
         fm, start = self._forward(as_of, in_force, running)
+        if not spread:
+            return lambda plan: fm.evaluate(start(plan), plan, forecast, scenarios=("point",))
         return lambda plan: fm.evaluate(start(plan), plan, forecast)
 
     def horizon(self, as_of: datetime, forecasts: tuple[DisturbanceForecast, ...], spec: HorizonSpec,

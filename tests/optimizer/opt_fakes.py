@@ -132,7 +132,7 @@ class FakeWorld:
                             schema={"interval_start": pl.Datetime("us", "UTC"), "lmp_usd_mwh": pl.Float64})
 
     def evaluator(self, as_of: datetime, f: DisturbanceForecast, in_force: Plan | None = None,
-                  running: Plan | None = None) -> Callable[[Plan], PredictedOutcome]:
+                  running: Plan | None = None, spread: bool = True) -> Callable[[Plan], PredictedOutcome]:
         def evaluate(plan: Plan) -> PredictedOutcome:
             self.evaluations += 1
             return fake_outcome(plan, f)

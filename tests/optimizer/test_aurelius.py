@@ -184,9 +184,9 @@ def test_floor_release_hands_the_plan_in_force_to_the_evaluator():
             super().__init__()
             self.in_force: list = []
 
-        def evaluator(self, as_of, f, in_force=None, running=None):  # noqa: ANN001, ANN202
+        def evaluator(self, as_of, f, in_force=None, running=None, spread=True):  # noqa: ANN001, ANN202
             self.in_force.append(in_force)
-            return super().evaluator(as_of, f, in_force, running)
+            return super().evaluator(as_of, f, in_force, running, spread)
 
     for release in (False, True):
         world = Recording()
@@ -236,8 +236,8 @@ class _LiveWorld(FakeWorld):
     def waiting(self, as_of):  # noqa: ANN001, ANN201
         return {self.KEY: self.held}
 
-    def evaluator(self, as_of, f, in_force=None, running=None):  # noqa: ANN001, ANN201
-        base = super().evaluator(as_of, f, in_force, running)
+    def evaluator(self, as_of, f, in_force=None, running=None, spread=True):  # noqa: ANN001, ANN201
+        base = super().evaluator(as_of, f, in_force, running, spread)
         return lambda plan: replace(base(plan), pool_replicas={self.KEY: float(self.need)})
 
 
