@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.registry import create
-from optimizer.scale_guard import ScaleGuard
+from optimizer.scale_guard import GuardInputs, ScaleGuard
 from schemas.fleet import default_fleet
 from streams.replay.branching import NOISE_S, live_replicas
 from streams.replay.driver import run_replay
@@ -75,7 +75,7 @@ def waiting(run: Any, window_s: float = 60.0) -> dict[tuple[str, str, str], floa
 
 def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Physics) -> dict[str, float]:
     def intercept(k: int, run: Any, plan: Any) -> Any:
-        return guard.apply(plan, live_replicas(run), None, waiting(run)) if guard is not None else plan
+        return guard.apply(plan, GuardInputs(live_replicas(run), {}, waiting(run))) if guard is not None else plan
 
     run = run_replay(wl, create("production"), default_fleet(), period_s=300.0, physics=physics,
                      initial_replicas=initial, intercept=intercept)  # fmt: skip

@@ -50,7 +50,7 @@ from optimizer.objective import Objective
 from optimizer.observed import ObservedState
 from optimizer.ports import ForecastProvider, WorldModelPort
 from optimizer.registry import create, register
-from optimizer.scale_guard import ScaleGuard
+from optimizer.scale_guard import GuardInputs, ScaleGuard
 from optimizer.search import LEVER_STAGES, SearchConfig, SearchResult, search
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import BatchAdmission, Plan
@@ -164,9 +164,8 @@ class AureliusPolicy(Policy):
         self._scorer: Callable[[Plan], Scored] | None = None
         self._ref_plan: Plan | None = None
         self._fresh = self._seen_telemetry = self._seen_arrivals = False
-        self._live: dict[tuple[str, str, str], int] = {}
-        self._need: dict[tuple[str, str, str], int] = {}
-        self._waiting: dict[tuple[str, str, str], float] = {}
+        self._guard_inputs = GuardInputs()
+        self._last_forecast: DisturbanceForecast | None = None  # the last decision's forecast of its period
 
     def start(self, ctx: PolicyContext, history: History) -> Plan:
         if self.forecast_provider is None or self.world_model is None:
@@ -175,6 +174,7 @@ class AureliusPolicy(Policy):
         if not history.prices.columns:  # an empty history without columns: the reference policies read its prices
             history = replace(history, prices=pl.DataFrame(schema=frame_schema("price")))
         self._observed = ObservedState()
+        self._last_forecast = None
         self._fresh = history.prices.height == 0 and history.arrivals_per_minute.height == 0
         self._seen_telemetry = self._seen_arrivals = False
         ref = self.reference_policy or create(self.reference)
@@ -209,7 +209,8 @@ class AureliusPolicy(Policy):
             log.exception("%s: decision for period %d failed; the reference plan stands", self.name, obs.period_index)
             reason = f"decision failed: {type(exc).__name__}: {str(exc)[:200]}"
             self._previous = ref_plan
-            self._live, self._need, self._waiting = {}, {}, {}  # the reference's plan as deployed: no guard
+            self._guard_inputs = GuardInputs()  # the reference's plan as deployed: no guard
+            self._last_forecast = None
             return self._reference_only(obs.as_of, obs.period_index, ref_plan, t0, c0, reason, {})
 
     def last_decision(self) -> dict[str, Any] | None:
@@ -228,7 +229,7 @@ class AureliusPolicy(Policy):
                 other_refs: tuple[Plan, ...] = (), forced_fallback: str | None = None) -> Plan:
         assert self.forecast_provider is not None
         self._ref_plan = ref_plan
-        self._live, self._need, self._waiting = {}, {}, {}
+        self._guard_inputs = GuardInputs()
         missing = self._missing_inputs(as_of)
         forecasts: tuple[DisturbanceForecast, ...] = ()
         if not missing:
@@ -240,6 +241,7 @@ class AureliusPolicy(Policy):
             plan = self._without_inputs(as_of, period_index, ref_plan, t0, c0, missing)
         else:
             plan = self._planned(as_of, period_index, ref_plan, t0, c0, forecasts, other_refs, forced_fallback)
+        self._last_forecast = forecasts[0] if forecasts else None
         if self.mode == "no-deferral" and plan.batch_admission == BatchAdmission.HOLD:
             # the ablation without deferral: a reference plan chosen as is must not bring its hold along
             plan = replace(plan, batch_admission=BatchAdmission.PRESSURE)
@@ -253,22 +255,26 @@ class AureliusPolicy(Policy):
         assert self.world_model is not None
         if self.guard is None:
             return ref_plan
-        self._live = self.world_model.replicas(as_of)
-        self._need = self._forecast_need(as_of, ref_plan, forecasts) if self._live else {}
-        self._waiting = self.world_model.waiting(as_of) if self._live else {}
-        return self.guard.apply(ref_plan, self._live, self._need, self._waiting)
+        live = self.world_model.replicas(as_of)
+        if live:
+            self._guard_inputs = GuardInputs(live, self._forecast_need(as_of, ref_plan, forecasts),
+                                             self.world_model.waiting(as_of))
+        return self.guard.apply(ref_plan, self._guard_inputs)
 
     def _forecast_need(self, as_of: datetime, ref_plan: Plan,
                        forecasts: tuple[DisturbanceForecast, ...]) -> dict[tuple[str, str, str], int]:
         """Per pool, the most replicas the forward model predicts the reference's autoscaler (at the guard's target,
-        no ceiling but the inventory) places at the forecast's 80% upper demand over this period and the next
+        no ceiling but the inventory) places at the guard's demand (`ScaleGuard.demand`: the forecast's 80% upper
+        bound, or its point carried on by its rise since the period before) over this period and the next
         (count): a replica started now serves from the next period on (the cold start outlasts a period)."""
         assert self.world_model is not None and self.guard is not None
         plan = replace(ref_plan, autoscale_target=self.guard.target)
         need: dict[tuple[str, str, str], int] = {}
-        for f in forecasts[:2]:
+        before = (self._last_forecast, *forecasts[:1])  # each period's forecast before it: the ramp's base
+        for f, previous in zip(forecasts[:2], before, strict=False):
             # the point forecast alone: the counts are the point scenario's, the bounds' three evaluations unused
-            out = self.world_model.evaluator(as_of, _at_upper_demand(f), None, self._previous, spread=False)(plan)
+            demand = self.guard.demand(f, previous)
+            out = self.world_model.evaluator(as_of, demand, None, self._previous, spread=False)(plan)
             for key, n in out.pool_replicas.items():
                 need[key] = max(need.get(key, 0), math.ceil(n - 1e-9))
         return need
@@ -321,9 +327,7 @@ class AureliusPolicy(Policy):
         """The guard's settings and the live replicas it bounded the ceilings by ("site/model/gpu": count)."""
         if self.guard is None:
             return None
-        return {**self.guard.as_dict(), "live": {"/".join(k): n for k, n in sorted(self._live.items())},
-                "need": {"/".join(k): n for k, n in sorted(self._need.items())},
-                "waiting": {"/".join(k): round(w, 3) for k, w in sorted(self._waiting.items())}}
+        return {**self.guard.as_dict(), **self._guard_inputs.as_dict()}
 
     def _planned(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
                  forecasts: tuple[DisturbanceForecast, ...], other_refs: tuple[Plan, ...],
@@ -356,8 +360,8 @@ class AureliusPolicy(Policy):
         self._scorer = score
         if self.ablate:
             score = _pinned(score, ref_plan, self.ablate)
-        if self.guard is not None and self._live:  # every plan scored (and so chosen) has the guard's ceilings
-            score = _bounded(score, self.guard, self._live, self._need, self._waiting)
+        if self.guard is not None and self._guard_inputs.live:  # every plan scored (and chosen) has its ceilings
+            score = _bounded(score, self.guard, self._guard_inputs)
         reference = replace(score(ref_plan), plan=ref_plan)
         for other in other_refs:  # the strongest reference plan by prediction (feasible first) is the yardstick
             s = replace(score(other), plan=other)
@@ -465,17 +469,9 @@ def _pinned(score: Callable[[Plan], Scored], reference: Plan, families: frozense
     return lambda plan: score(pin_families(plan, reference, families))
 
 
-def _at_upper_demand(f: DisturbanceForecast) -> DisturbanceForecast:
-    """`f` with every class's point arrival rate at its 80% upper bound (req/s)."""
-    return replace(f, demand=tuple(replace(d, arrivals_per_s=replace(d.arrivals_per_s, point=d.arrivals_per_s.hi80))
-                                   for d in f.demand))  # fmt: skip
-
-
-def _bounded(score: Callable[[Plan], Scored], guard: ScaleGuard, live: dict[tuple[str, str, str], int],
-             need: dict[tuple[str, str, str], int],
-             waiting: dict[tuple[str, str, str], float]) -> Callable[[Plan], Scored]:
+def _bounded(score: Callable[[Plan], Scored], guard: ScaleGuard, inputs: GuardInputs) -> Callable[[Plan], Scored]:
     """`score` of each plan with its ceilings bounded by the scale-up guard (the scored plan is the bounded one)."""
-    return lambda plan: score(guard.bound(plan, live, need, waiting))
+    return lambda plan: score(guard.bound(plan, inputs))
 
 
 def _hold_ablated(space: LeverSpace, reference: Plan, families: frozenset[str]) -> LeverSpace:
@@ -537,6 +533,7 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-no-precision": {"mode": "full", "ablate": frozenset({"precision"})},
     "aurelius-no-batch": {"mode": "full", "ablate": frozenset({"batch"})},
     "aurelius-no-guard": {"mode": "full", "guard": None},
+    "aurelius-no-trend": {"mode": "full", "guard": ScaleGuard(trend=False)},
     "aurelius-horizon": {"mode": "full", "horizon": HorizonSpec(), "horizon_periods": HorizonSpec().periods},
     "oracle": {"mode": "full", "oracle": True},
 }

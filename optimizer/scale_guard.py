@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 
+from schemas.forecast import ClassDemand, DisturbanceForecast
 from schemas.plan import Plan
 from schemas.provenance import Provenance, Tagged
 from worldmodel.transients import AUTOSCALER_WAITING_PER_REPLICA
@@ -46,6 +48,31 @@ GUARD_GROWTH = Tagged(1.0, "ratio", Provenance.MODELED, _FIT)
 GUARD_TARGET = Tagged(0.7, "ratio", Provenance.MODELED, _FIT)
 
 
+PoolKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class GuardInputs:
+    """What the guard bounds a plan by, per pool (site, model, gpu), as the world model saw it at the decision.
+    live : warm + loading replicas (count; empty: the fleet not observed yet, the guard stands aside); need :
+    replicas the forecast says the autoscaler will want (count); waiting : sequences waiting over the last minute
+    (count)."""
+
+    live: Mapping[PoolKey, int] = field(default_factory=dict)
+    need: Mapping[PoolKey, int] = field(default_factory=dict)
+    waiting: Mapping[PoolKey, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        """The inputs keyed "site/model/gpu", as the audit record carries them.
+
+        >>> GuardInputs({("s", "m", "H100"): 9}, {}, {("s", "m", "H100"): 1.23456}).as_dict()
+        {'live': {'s/m/H100': 9}, 'need': {}, 'waiting': {'s/m/H100': 1.235}}
+        """
+        return {"live": {"/".join(k): n for k, n in sorted(self.live.items())},
+                "need": {"/".join(k): n for k, n in sorted(self.need.items())},
+                "waiting": {"/".join(k): round(w, 3) for k, w in sorted(self.waiting.items())}}
+
+
 @dataclass(frozen=True)
 class ScaleGuard:
     """The guard's settings. step : replicas a pool may add per period (count); growth : ceiling factor on the
@@ -57,6 +84,39 @@ class ScaleGuard:
     growth: float = GUARD_GROWTH.value
     target: float = GUARD_TARGET.value
     backlog: bool = False
+    trend: bool = True
+
+    def demand(self, f: DisturbanceForecast, previous: DisturbanceForecast | None = None) -> DisturbanceForecast:
+        """The demand the need is sized for: each class's arrival rate (req/s) at the forecast's 80% upper bound,
+        or, with `trend`, at the point forecast carried on by its rise since `previous` (the last decision's
+        forecast of the period before `f`'s, None when there was none), whichever is larger: a ramp the
+        forecast's interval does not span is served as it rises, not one period late.
+
+        >>> from datetime import datetime, timedelta, timezone
+        >>> from schemas.forecast import ClassDemand, Interval
+        >>> def fc(point, at):
+        ...     rate = Interval(point, point - 2, point + 2, point - 3, point + 3)
+        ...     return DisturbanceForecast(at, 300.0, (ClassDemand("chat", "m", rate, 500, 200, 900, 400),),
+        ...                                Interval(50, 40, 60, 30, 70), True, 0.9)
+        >>> t = datetime(2023, 8, 17, 1, 30, tzinfo=timezone.utc)
+        >>> before, now = fc(14.7, t - timedelta(minutes=5)), fc(23.1, t)
+        >>> round(ScaleGuard().demand(now, before).demand[0].arrivals_per_s.point, 1)  # 23.1 + (23.1 - 14.7)
+        31.5
+        >>> ScaleGuard(trend=False).demand(now, before).demand[0].arrivals_per_s.point  # the hi80
+        25.1
+        """
+        before = {}
+        if self.trend and previous is not None and previous.period_start + timedelta(
+                seconds=previous.period_s) == f.period_start:
+            before = {(d.request_class, d.model): d.arrivals_per_s.point for d in previous.demand}
+
+        def rate(d: ClassDemand) -> float:
+            point = d.arrivals_per_s.point
+            rise = point - before.get((d.request_class, d.model), point)
+            return max(d.arrivals_per_s.hi80, point + max(rise, 0.0))
+
+        return replace(f, demand=tuple(replace(d, arrivals_per_s=replace(d.arrivals_per_s, point=rate(d)))
+                                       for d in f.demand))  # fmt: skip
 
     def ceiling(self, live: int, need: int = 0, waiting: float = 0.0) -> int:
         """The most replicas a pool with `live` replicas may reach this period (count): live + step, the growth
@@ -73,45 +133,42 @@ class ScaleGuard:
         backlog = math.ceil(waiting / AUTOSCALER_WAITING_PER_REPLICA - 1e-9) if self.backlog else 0
         return max(live + self.step, math.ceil(self.growth * live), need, backlog)
 
-    def bound(self, plan: Plan, live: Mapping[tuple[str, str, str], int],
-              need: Mapping[tuple[str, str, str], int] | None = None,
-              waiting: Mapping[tuple[str, str, str], float] | None = None) -> Plan:
+    def bound(self, plan: Plan, inputs: GuardInputs) -> Plan:
         """`plan` with each pool's ceiling bounded by `ceiling(live, need, waiting)` (never below its floor: a plan
-        may still scale up by its floors; a pool `live` does not list has none); unchanged when `live` is empty or
-        the plan does not autoscale. Its target is left as it is (the planner's candidates may move it).
+        may still scale up by its floors; a pool `inputs.live` does not list has none); unchanged when
+        `inputs.live` is empty or the plan does not autoscale. Its target is left as it is (the planner's
+        candidates may move it).
 
         >>> from schemas.plan import PoolPlan
         >>> p = Plan((PoolPlan("s", "m", "H100", 12, 16, 4, "bf16", 1024, 1980),))
-        >>> ScaleGuard(step=1).bound(p, {("s", "m", "H100"): 9}).pools[0].replica_ceiling  # the floor's 12
+        >>> ScaleGuard(step=1).bound(p, GuardInputs({("s", "m", "H100"): 9})).pools[0].replica_ceiling  # floor 12
         12
         """
-        if not live or not plan.autoscale:
+        if not inputs.live or not plan.autoscale:
             return plan
-        need, waiting = need or {}, waiting or {}
         pools = tuple(
             replace(p, replica_ceiling=max(p.replica_floor, min(p.replica_ceiling, self.ceiling(
-                live.get(p.key, 0), need.get(p.key, 0), waiting.get(p.key, 0.0)))))
+                inputs.live.get(p.key, 0), inputs.need.get(p.key, 0), inputs.waiting.get(p.key, 0.0)))))
             for p in plan.pools
         )
         return plan if pools == plan.pools else replace(plan, pools=pools)
 
-    def apply(self, plan: Plan, live: Mapping[tuple[str, str, str], int],
-              need: Mapping[tuple[str, str, str], int] | None = None,
-              waiting: Mapping[tuple[str, str, str], float] | None = None) -> Plan:
-        """`plan` bounded as `bound` does and the autoscaler's target set; `plan` unchanged when `live` is empty
-        (the fleet not observed yet) or it does not autoscale.
+    def apply(self, plan: Plan, inputs: GuardInputs) -> Plan:
+        """`plan` bounded as `bound` does and the autoscaler's target set; `plan` unchanged when `inputs.live` is
+        empty (the fleet not observed yet) or it does not autoscale.
 
         >>> from schemas.plan import PoolPlan
         >>> p = Plan((PoolPlan("s", "m", "H100", 1, 16, 4, "bf16", 1024, 1980),), autoscale_target=0.8)
-        >>> g = ScaleGuard(step=1, growth=1.0, target=0.7).apply(p, {("s", "m", "H100"): 9})
-        >>> g.pools[0].replica_ceiling, g.autoscale_target, ScaleGuard().apply(p, {}) is p
+        >>> g = ScaleGuard(step=1, growth=1.0, target=0.7).apply(p, GuardInputs({("s", "m", "H100"): 9}))
+        >>> g.pools[0].replica_ceiling, g.autoscale_target, ScaleGuard().apply(p, GuardInputs()) is p
         (10, 0.7, True)
         """
-        if not live or not plan.autoscale:
+        if not inputs.live or not plan.autoscale:
             return plan
         label = f"{plan.label} +guard" if plan.label else "guard"
-        return replace(self.bound(plan, live, need, waiting), autoscale_target=self.target, label=label)
+        return replace(self.bound(plan, inputs), autoscale_target=self.target, label=label)
 
     def as_dict(self) -> dict[str, float | bool]:
         """The settings, as the audit record carries them."""
-        return {"step": self.step, "growth": self.growth, "target": self.target, "backlog": self.backlog}
+        return {"step": self.step, "growth": self.growth, "target": self.target, "backlog": self.backlog,
+                "trend": self.trend}

@@ -258,3 +258,25 @@ def test_the_guard_bounds_the_reference_by_the_live_fleet_or_the_forecast_need(n
     assert ref[("site-pjm", "llama-3.1-70b", "A100")]["replica_ceiling"] == 1  # none live, no need: one may start
     assert rec["reference_plan"]["autoscale_target"] == 0.7
     assert rec["scale_guard"]["live"] == {"site-pjm/llama-3.1-70b/H100": 3}
+
+
+class _RampWorld(_LiveWorld):
+    """_LiveWorld whose forward model places one 70B H100 replica per chat request/s of the forecast it is given."""
+
+    def evaluator(self, as_of, f, in_force=None, running=None, spread=True):  # noqa: ANN001, ANN201
+        base = FakeWorld.evaluator(self, as_of, f, in_force, running, spread)
+        chat = next(d.arrivals_per_s.point for d in f.demand if d.request_class == "chat")
+        return lambda plan: replace(base(plan), pool_replicas={self.KEY: chat})
+
+
+@pytest.mark.parametrize(("trend", "chat", "ceiling"), [(True, 1350, 6), (False, 1350, 5), (True, 600, 5)])
+def test_the_guard_serves_a_rising_forecast_as_it_rises(trend: bool, chat: int, ceiling: int):
+    """Chat at 3.0 req/s, then `chat` requests in the next period: a rise to 4.5 req/s is carried on to 6.0 by
+    the trend (6 replicas), where the 80% upper bound asks for 4.95 (5, the floor); a fall leaves the upper bound."""
+    pol = AureliusPolicy(world_model=_RampWorld(0), reference_policy=StubReference(), audit=False,
+                         forecast_provider=PersistenceForecasts(), guard=ScaleGuard(trend=trend))
+    recs = run(pol, lambda k: observations(k, chat=900 if k == 1 else chat), periods=2)
+    ref = {(p["site"], p["model"], p["gpu"]): p for p in recs[2]["reference_plan"]["pools"]}
+    assert ref[_LiveWorld.KEY]["replica_ceiling"] == ceiling
+    assert recs[2]["scale_guard"]["trend"] is trend
+    assert recs[1]["scale_guard"]["need"] == {"site-pjm/llama-3.1-70b/H100": 4}  # no decision before: the hi80 3.3

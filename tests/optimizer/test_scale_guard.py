@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from optimizer.registry import create
-from optimizer.scale_guard import ScaleGuard
+from optimizer.scale_guard import GuardInputs, ScaleGuard
 from schemas.fleet import default_fleet
 from streams.replay.branching import live_replicas
 from streams.replay.driver import RunResult, run_replay
@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 def _run(guard: ScaleGuard | None) -> RunResult:
     wl = build_workload("ERCOT", 2023, periods=12, seed=0)  # the reference surges at periods 4-6 (70B: 9 -> 23)
     return run_replay(wl, create("production"), default_fleet(), period_s=300.0,
-                      intercept=lambda k, run, plan: guard.apply(plan, live_replicas(run)) if guard else plan)
+                      intercept=lambda k, run, plan: (guard.apply(plan, GuardInputs(live_replicas(run))) if guard
+                                                      else plan))
 
 
 def test_the_guard_serves_a_surging_hour_cheaper_and_no_worse() -> None:
