@@ -29,7 +29,11 @@ def place(
     for (it misses the prefill share of the runtime's metric and predicted the reference's 8B pool to
     collapse to one replica); the same plus the GPU busy share (always 1.0 on a decoding 70B pool). The count
     is split floors first, then existing replicas, then growth in the plan's pool order, each pool
-    within its ceiling and the GPUs left of its type (the inventory). With several sites each site's
+    within its ceiling and the GPUs left of its type (the inventory). The count is in replicas of the first
+    pool: a replica of a slower pool counts for its throughput's share of one (the runtime's autoscaler adds
+    replicas until the fleet's utilization is at its target, wherever they start): the A100s a 70B model
+    spills onto when its H100s are full are no longer counted as if each served like an H100 (before
+    2026-12-02; CAISO's 2023 window at 49 chat req/s: 6 A100s predicted then, 7 now). With several sites each site's
     autoscaler grows by its share of the load (the router spreads work by serving capacity): growth is split
     over the sites in proportion to the replicas they hold, what a site's ceilings refuse going to the rest.
 
@@ -37,26 +41,30 @@ def place(
     (site, gpu type) (count), drawn down by what is placed.
     """
     floors = [p.plan.replica_floor for p in pools]
+    mu_pref = mus[0] if mus else 0.0
+    # a replica's share of the first pool's throughput (ratio): the autoscaler adds replicas until the fleet's
+    # utilization is at its target, so a slower pool's replica counts for less of the desired capacity
+    w = [m / mu_pref if mu_pref > 0 and m > 0 else 1.0 for m in mus] or [1.0] * len(pools)
     if plan.autoscale:
-        mu_pref = mus[0] if mus else 0.0
         exact = lam * max(1.0 / max(mu_pref, 1e-12), util_s) / plan.autoscale_target if lam > 0 else 0.0
         need = math.ceil(exact)
-        kept = float(sum(p.current - p.released for p in pools))
+        kept = sum((p.current - p.released) * wk for p, wk in zip(pools, w, strict=True))
         if kept > need:  # the surplus goes once the stabilization window allows (time-averaged over the period)
             kept = need + (kept - need) * held_share(pools, exact, kept, period_s)
         desired = max(float(need), kept)
-        desired = min(max(desired, sum(floors)), sum(p.plan.replica_ceiling for p in pools))
+        desired = min(max(desired, sum(f * wk for f, wk in zip(floors, w, strict=True))),
+                      sum(p.plan.replica_ceiling * wk for p, wk in zip(pools, w, strict=True)))
     else:
-        desired = float(sum(floors))
+        desired = sum(f * wk for f, wk in zip(floors, w, strict=True))
     counts = [0.0] * len(pools)
 
     def grow(k: int, upto: float) -> None:
         nonlocal desired
         p = pools[k].plan
         room = free.get((p.site, p.gpu), math.inf) // max(p.tp, 1)  # a site not in the inventory: unbounded
-        add = max(min(upto - counts[k], room, desired), 0.0)
+        add = max(min(upto - counts[k], room, desired / w[k]), 0.0)
         counts[k] += add
-        desired -= add
+        desired -= add * w[k]
         free[(p.site, p.gpu)] = free.get((p.site, p.gpu), math.inf) - add * p.tp
 
     for k in range(len(pools)):
