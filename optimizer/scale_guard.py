@@ -12,7 +12,8 @@ so no candidate was ever credited for avoiding them.
 The guard keeps the runtime's autoscaler as a safety net whose reach per period is bounded: each pool's ceiling
 is at most max(live + `step`, ceil(`growth` x live), need) replicas (live = warm + loading, as the world model saw
 them at the decision; need = what the forward model predicts the autoscaler places at the forecast's 80% upper
-demand this period and the next, so a forecast ramp is served; with `backlog`, also what the backlog trigger asks
+demand this period and the next, or, with `trend`, at the point forecast carried on by its rise since the last
+decision, so a forecast ramp is served; with `backlog`, also what the backlog trigger asks
 for the sequences that waited over the last minute), so a burst the forecast does not explain can add `step`
 replicas a period, not double the fleet, and the autoscaler's target is `target`, so the steady fleet the
 utilization trigger holds is larger and serves the bursts the surges arrived too late for. Once the fleet has
@@ -93,7 +94,7 @@ class ScaleGuard:
         forecast's interval does not span is served as it rises, not one period late.
 
         >>> from datetime import datetime, timedelta, timezone
-        >>> from schemas.forecast import ClassDemand, Interval
+        >>> from schemas.forecast import Interval
         >>> def fc(point, at):
         ...     rate = Interval(point, point - 2, point + 2, point - 3, point + 3)
         ...     return DisturbanceForecast(at, 300.0, (ClassDemand("chat", "m", rate, 500, 200, 900, 400),),
