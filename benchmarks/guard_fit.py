@@ -35,7 +35,7 @@ import numpy as np
 from optimizer.registry import create
 from optimizer.scale_guard import GuardInputs, ScaleGuard
 from schemas.fleet import default_fleet
-from streams.replay.branching import NOISE_S, live_replicas
+from streams.replay.branching import live_replicas, noise_shifts
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
 from streams.replay.tuning import lead_in_fleet, week_before
@@ -46,14 +46,14 @@ CLASSES = ("code", "chat", "batch")
 
 
 def _noisy(wl: Workload, r: int) -> Workload:
-    """`wl` with every arrival shifted later by sorted draws in [0, NOISE_S) of seed `r` (0: as recorded)."""
+    """`wl` with every arrival shifted later by a noise replicate's shifts of seed `r` (0: as recorded;
+    streams/replay/branching.noise_shifts, as the branches shift the runtime's arrivals)."""
     if r == 0:
         return wl
     import polars as pl
 
     arr = wl.requests["arrival_s"].to_numpy()
-    shift = np.sort(np.random.default_rng(r).uniform(0.0, NOISE_S, arr.shape[0]))
-    return replace(wl, requests=wl.requests.with_columns(pl.Series("arrival_s", arr + shift)))
+    return replace(wl, requests=wl.requests.with_columns(pl.Series("arrival_s", arr + noise_shifts(arr.shape[0], r))))
 
 
 def waiting(run: Any, window_s: float = 60.0) -> dict[tuple[str, str, str], float]:

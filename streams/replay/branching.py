@@ -217,6 +217,17 @@ def branch_value(
     )
 
 
+def noise_shifts(n: int, noise: int) -> np.ndarray:
+    """The shifts (s) of a noise replicate's `n` not-yet-arrived requests: sorted draws in [0, NOISE_S) of seed
+    `noise`, so arrival order is kept.
+
+    >>> s = noise_shifts(5, noise=1)
+    >>> bool(np.all(np.diff(s) >= 0) and s.max() < NOISE_S)
+    True
+    """
+    return np.sort(np.random.default_rng(noise).uniform(0.0, NOISE_S, n))
+
+
 def shift_arrivals(req: st.Requests, first: int, noise: int) -> None:
     """Shift requests first.. (not yet arrived) later by sorted draws in [0, NOISE_S) of seed `noise`, in place:
     arrival order kept, an interactive request's TTFT deadline moved with its arrival.
@@ -234,7 +245,7 @@ def shift_arrivals(req: st.Requests, first: int, noise: int) -> None:
     n = req.arrival.shape[0] - first
     if n <= 0:
         return
-    shift = np.sort(np.random.default_rng(noise).uniform(0.0, NOISE_S, n))
+    shift = noise_shifts(n, noise)
     req.arrival[first:] += shift
     inter = req.cls[first:] != CLASSES.index("batch")
     req.deadline[first:] += np.where(inter, shift, 0.0)
