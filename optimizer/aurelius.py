@@ -32,6 +32,7 @@ import polars as pl
 
 from forecasting.bundle import MissingInputError
 from optimizer.audit_grid import audit_grid, grid_size, run_audit
+from optimizer.baselines.tuned import with_precision
 from optimizer.candidates import GPU_RATE_USD_H, GenerationInputs, generate
 from optimizer.decision_record import build_record
 from optimizer.deferral_lp import DeferralSchedule, plan_deferral, risk_adjusted_price
@@ -116,6 +117,11 @@ class AureliusPolicy(Policy):
         replicas are known, before anything is scored: the guarded plan is the Pareto yardstick, the fallback
         and what the candidates are built around; None (arm `aurelius-no-guard`) leaves the reference's plan as
         deployed. Decisions without inputs, or whose scoring failed, stay the reference's plan as deployed.
+    reference_precision : (weights, KV dtype) measured best on the site's own traffic of the week before the
+        window (the replay passes production-tuned's tuning, streams/replay/tuning.py), set on the reference's
+        plan where the GPU allows them; None keeps the reference's own. The forward model does not decide
+        precision: its measured error on a precision switch (the lever margins, 0.47-0.64 of gp/$) is larger
+        than any gain it predicts, so the switch is taken from a ground-truth measurement instead.
     """
 
     name = "aurelius"
@@ -129,7 +135,8 @@ class AureliusPolicy(Policy):
                  also_references: tuple[str, ...] = (), also_reference_policies: tuple[Policy, ...] = (),
                  clock_levels: int = 1, floor_release: bool = False, site_placement: bool = False,
                  horizon: HorizonSpec | None = None, ablate: frozenset[str] = frozenset(),
-                 guard: ScaleGuard | None = ScaleGuard()) -> None:
+                 guard: ScaleGuard | None = ScaleGuard(),
+                 reference_precision: tuple[str, str] | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         if not ablate <= FAMILY_FIELDS.keys():
@@ -153,6 +160,7 @@ class AureliusPolicy(Policy):
         self.horizon = horizon
         self.ablate = frozenset(ablate)
         self.guard = guard
+        self.reference_precision = reference_precision
         self.margins = load_margins("one_period" if horizon is None else "horizon")
         self.gate_config = gate_config or GateConfig()
         self.search_config = search_config or _search_config(mode)
@@ -179,7 +187,7 @@ class AureliusPolicy(Policy):
         self._seen_telemetry = self._seen_arrivals = False
         ref = self.reference_policy or create(self.reference)
         self.reference_policy = ref
-        ref_plan = ref.start(ctx, history)
+        ref_plan = self._at_reference_precision(ref.start(ctx, history))
         if not self.also_reference_policies:
             self.also_reference_policies = tuple(create(n) for n in self.also_references)
         others = tuple(r.start(ctx, history) for r in self.also_reference_policies)
@@ -195,7 +203,7 @@ class AureliusPolicy(Policy):
     def plan(self, obs: Observations) -> Plan:
         t0, c0 = time.perf_counter(), time.process_time()
         assert self._ctx is not None and self.reference_policy is not None, "start() first"
-        ref_plan = self.reference_policy.plan(obs)
+        ref_plan = self._at_reference_precision(self.reference_policy.plan(obs))
         others = tuple(r.plan(obs) for r in self.also_reference_policies)
         try:
             self._observed.update_arrivals(obs.arrivals)
@@ -212,6 +220,12 @@ class AureliusPolicy(Policy):
             self._guard_inputs = GuardInputs()  # the reference's plan as deployed: no guard
             self._last_forecast = None
             return self._reference_only(obs.as_of, obs.period_index, ref_plan, t0, c0, reason, {})
+
+    def _at_reference_precision(self, plan: Plan) -> Plan:
+        """The reference's plan at `reference_precision` (unchanged without one)."""
+        if self.reference_precision is None:
+            return plan
+        return with_precision(plan, *self.reference_precision)
 
     def last_decision(self) -> dict[str, Any] | None:
         return self._record
@@ -321,7 +335,8 @@ class AureliusPolicy(Policy):
         """The record's policy keys: CPU time of this decision (robust to a shared machine), config, reference."""
         return {"decision_cpu_ms": (time.process_time() - c0) * 1e3, "mode": self.mode, "oracle": self.oracle,
                 "reference_policy": self.reference, "pareto_reference": reference.label, "seed": self.seed,
-                "scale_guard": self._guard_record()}
+                "scale_guard": self._guard_record(),
+                "reference_precision": list(self.reference_precision) if self.reference_precision else None}
 
     def _guard_record(self) -> dict[str, Any] | None:
         """The guard's settings and the live replicas it bounded the ceilings by ("site/model/gpu": count)."""
@@ -534,6 +549,7 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-no-batch": {"mode": "full", "ablate": frozenset({"batch"})},
     "aurelius-no-guard": {"mode": "full", "guard": None},
     "aurelius-no-trend": {"mode": "full", "guard": ScaleGuard(trend=False)},
+    "aurelius-own-precision": {"mode": "full", "reference_precision": None},
     "aurelius-horizon": {"mode": "full", "horizon": HorizonSpec(), "horizon_periods": HorizonSpec().periods},
     "oracle": {"mode": "full", "oracle": True},
 }

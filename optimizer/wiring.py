@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from optimizer.aurelius import AURELIUS_ARMS, AureliusPolicy
+from optimizer.baselines.tuned import StaticConfig
 from optimizer.forecast_adapter import ForecastingProvider, OracleForecastProvider
 from optimizer.registry import create
 from optimizer.world_adapter import WorldStateModel
@@ -26,6 +27,16 @@ DEFAULT_REFERENCE = "production"
 DEFAULT_ALSO_REFERENCES: tuple[str, ...] = ()
 
 
+def wants_tuning(name: str) -> bool:
+    """Whether policy `name` reads the week-before tuning (`build_policy`'s `tuned`): production-tuned, and the
+    aurelius arms that take its precision.
+
+    >>> wants_tuning("production-tuned"), wants_tuning("aurelius"), wants_tuning("production")
+    (True, True, False)
+    """
+    return name == "production-tuned" or (name in AURELIUS_ARMS and "reference_precision" not in AURELIUS_ARMS[name])
+
+
 def build_policy(
     name: str,
     workload: Any = None,
@@ -34,6 +45,7 @@ def build_policy(
     period_s: float = 300.0,
     window_periods: int | None = None,
     world_state: WorldState | None = None,
+    tuned: StaticConfig | None = None,
     **kwargs: Any,
 ) -> Policy:
     """A ready-to-run policy by name: references via the registry, aurelius arms with the real adapters.
@@ -50,11 +62,17 @@ def build_policy(
     window_periods : periods that receive arrivals (`aurelius replay --periods`; None: the whole window).
     world_state : the Kafka worker's state, which the aurelius arms then read instead of keeping their own
         (`WorldStateModel(shared=...)`); None in the embedded replay.
+    tuned : the static configuration measured best on the week before the window (streams/replay/tuning.py):
+        production-tuned runs it; the aurelius arms take its weights and KV dtype as the reference's
+        (`reference_precision`) unless the arm fixes its own. None: production-tuned chooses with the forward
+        model, the arms keep the reference's precision.
     kwargs : further `AureliusPolicy` settings (e.g. audit=False).
     """
     if name not in AURELIUS_ARMS:
-        return create(name)
+        return create(name, config=tuned) if name == "production-tuned" else create(name)
     arm = dict(AURELIUS_ARMS[name])
+    if tuned is not None and "reference_precision" not in arm:
+        kwargs.setdefault("reference_precision", (tuned.precision, tuned.kv_dtype))
     horizon = int(kwargs.get("horizon_periods", arm.get("horizon_periods", 12)))
     if arm.get("oracle"):
         if workload is None:

@@ -156,19 +156,33 @@ class TunedProductionPolicy(Policy):
         return best
 
 
-def _configure(plan: Plan, cfg: StaticConfig) -> Plan:
-    """`plan` with the configuration applied to every pool (precision and KV dtype where the GPU allows)."""
+def with_precision(plan: Plan, precision: str, kv_dtype: str = "auto") -> Plan:
+    """`plan` with weights in `precision` and the KV cache in `kv_dtype` on every pool whose GPU allows them (bf16
+    and "auto" on the others); nothing else changed.
+
+    >>> from schemas.plan import PoolPlan
+    >>> p = Plan((PoolPlan("s", "m", "H100", 1, 8, 4, "bf16", 1024, 1980), PoolPlan("s", "m", "A100", 0, 8, 8,
+    ...           "bf16", 256, 1410)))
+    >>> [(q.precision, q.kv_dtype) for q in with_precision(p, "fp8", "fp8").pools]  # the A100 has no fp8
+    [('fp8', 'fp8'), ('bf16', 'auto')]
+    """
     pools = []
     for p in plan.pools:
         g = GpuType(p.gpu)
-        lo, hi = SM_CLOCK_RANGE_MHZ[g]
-        prec = Precision(cfg.precision) if cfg.precision in PRECISIONS_BY_GPU[g] else Precision.BF16
-        kv = cfg.kv_dtype if cfg.kv_dtype in KV_DTYPES_BY_PRECISION[prec] else "auto"
+        prec = Precision(precision) if precision in PRECISIONS_BY_GPU[g] else Precision.BF16
+        kv = kv_dtype if kv_dtype in KV_DTYPES_BY_PRECISION[prec] else "auto"
+        pools.append(replace(p, precision=str(prec), kv_dtype=str(kv)))
+    return replace(plan, pools=tuple(pools))
+
+
+def _configure(plan: Plan, cfg: StaticConfig) -> Plan:
+    """`plan` with the configuration applied to every pool (precision and KV dtype where the GPU allows)."""
+    pools = []
+    for p in with_precision(plan, cfg.precision, cfg.kv_dtype).pools:
+        lo, hi = SM_CLOCK_RANGE_MHZ[GpuType(p.gpu)]
         pools.append(
             replace(
                 p,
-                precision=str(prec),
-                kv_dtype=str(kv),
                 max_num_batched_tokens=cfg.max_num_batched_tokens,
                 max_batch=p.max_batch if cfg.max_batch is None else cfg.max_batch,
                 sm_clock_mhz=int(max(lo, round(hi * cfg.clock_share))),

@@ -35,8 +35,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from optimizer.baselines.tuned import StaticConfig
-from optimizer.registry import create
-from optimizer.wiring import build_policy
+from optimizer.wiring import build_policy, wants_tuning
 from schemas.audit import decision_id
 from schemas.fleet import default_fleet
 from schemas.policy import REFERENCE_POLICIES
@@ -157,8 +156,9 @@ class Outcome:
 def _execute(jobs: list[Job], args: argparse.Namespace, bar: Any = None) -> Iterator[tuple[Job, list[Outcome]]]:
     """Run the jobs, in job order; with --jobs > 1 as a graph of smaller tasks in worker processes.
 
-    A job is split into its lead-in (the fleet at window start), production-tuned's tuning on the week
-    before, and one replay per policy (after the lead-in, and the tuning for production-tuned), so that two
+    A job is split into its lead-in (the fleet at window start), the tuning on the week before (production-
+    tuned's configuration, whose precision the aurelius arms take), and one replay per policy (after the
+    lead-in, and the tuning for the policies that read it), so that two
     workers share three markets evenly. Every task is a deterministic function of its inputs: the figures
     are the same in any order, with any number of workers. With branching (--hindsight, --realized-regret)
     whole jobs run per worker: a job's branches need its reference runs in memory. `bar` counts finished
@@ -234,7 +234,7 @@ def _run_graph(
                 elif kind == "tune":
                     fut = pool.submit(_tune_task, job, args)
                 else:
-                    deps = [(i, "lead", "")] + ([(i, "tune", "")] if p == "production-tuned" else [])
+                    deps = [(i, "lead", "")] + ([(i, "tune", "")] if wants_tuning(p) else [])
                     if any(d not in done for d in deps):
                         continue
                     tuning = done.get((i, "tune", ""))
@@ -270,7 +270,7 @@ def _branching(args: argparse.Namespace) -> bool:
 
 
 def _task_kinds(job: Job) -> list[tuple[str, str]]:
-    tune = [("tune", "")] if "production-tuned" in job.policies else []
+    tune = [("tune", "")] if any(wants_tuning(p) for p in job.policies) else []
     return [("lead", ""), *tune, *(("replay", p) for p in job.policies)]
 
 
@@ -354,7 +354,7 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
     fleet = default_fleet(tuple(_csv(args.markets)))
     wl = _workload(job, args)
     tuning = None
-    if "production-tuned" in job.policies:
+    if any(wants_tuning(p) for p in job.policies):
         tuning = tune_static(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
                              period_minutes=args.period_minutes)  # fmt: skip
         _tick(bar)
@@ -497,11 +497,10 @@ def _one(
     initial: dict[tuple[str, str, str], int],
     intercept: Any = None,
 ) -> RunResult:
-    """One replay; production-tuned runs the configuration measured best on the week before (`tuned`)."""
-    if name == "production-tuned":
-        policy = create(name, config=tuned)
-    else:
-        policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0, window_periods=args.periods)
+    """One replay; production-tuned runs the configuration measured best on the week before (`tuned`), the
+    aurelius arms take its precision (optimizer/wiring.build_policy)."""
+    policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0, window_periods=args.periods,
+                          tuned=tuned)
     return run_replay(
         wl,
         policy,

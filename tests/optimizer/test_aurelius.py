@@ -280,3 +280,15 @@ def test_the_guard_serves_a_rising_forecast_as_it_rises(trend: bool, chat: int, 
     assert ref[_LiveWorld.KEY]["replica_ceiling"] == ceiling
     assert recs[2]["scale_guard"]["trend"] is trend
     assert recs[1]["scale_guard"]["need"] == {"site-pjm/llama-3.1-70b/H100": 4}  # no decision before: the hi80 3.3
+
+
+def test_the_reference_runs_at_the_tuned_precision_where_the_gpu_has_it():
+    """With `reference_precision` the yardstick (and the fallback the record commits) has fp8 weights and KV on
+    the H100 pools and stays bf16 on the A100s, which have no fp8; the record says which precision it took."""
+    pol = AureliusPolicy(world_model=FakeWorld(), reference_policy=StubReference(), audit=False,
+                         forecast_provider=PersistenceForecasts(), reference_precision=("fp8", "fp8"))
+    rec = run(pol, periods=1)[1]
+    SCHEMA(rec)
+    got = {p["gpu"]: (p["precision"], p["kv_dtype"]) for p in rec["reference_plan"]["pools"]}
+    assert got == {"H100": ("fp8", "fp8"), "A100": ("bf16", "auto")}
+    assert rec["reference_precision"] == ["fp8", "fp8"]

@@ -309,3 +309,16 @@ def test_the_committed_plan_bounds_the_autoscaler_by_the_live_fleet(records: dic
             assert p["replica_ceiling"] <= max(p["replica_floor"], bound), (rec["period_index"], p, live)
     assert any(n > 0 for rec in guarded for n in rec["scale_guard"]["need"].values())  # the forecast's need read
     assert records[0]["scale_guard"]["live"] == {}  # the start: nothing observed, the reference plan as deployed
+
+
+def test_the_week_before_tuning_sets_the_reference_precision(wl: Workload) -> None:
+    """The tuning's weights and KV dtype reach every aurelius arm that does not fix its own, and production-tuned
+    runs the whole configuration; without a tuning the arms keep the reference's own precision."""
+    from optimizer.baselines.tuned import StaticConfig
+
+    tuned = StaticConfig(precision="fp8", kv_dtype="fp8", max_batch=512)
+    assert build_policy("aurelius", wl, tuned=tuned).reference_precision == ("fp8", "fp8")
+    assert build_policy("aurelius-no-guard", wl, tuned=tuned).reference_precision == ("fp8", "fp8")
+    assert build_policy("aurelius-own-precision", wl, tuned=tuned).reference_precision is None
+    assert build_policy("aurelius", wl).reference_precision is None
+    assert build_policy("production-tuned", wl, tuned=tuned).config == tuned
