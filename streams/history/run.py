@@ -283,7 +283,9 @@ def _arm(
             keep_observations=args.emit_observations,
             initial_replicas=prep.initial,
         )
-    tuned = prep.tuning.config if prep.tuning is not None else None
+    # production-tuned alone reads the tuning here: on recorded history the aurelius arms keep the reference's own
+    # precision (the tuning runs only when production-tuned is asked, so their figures would depend on it)
+    tuned = prep.tuning.config if prep.tuning is not None and name == "production-tuned" else None
     return _one(wl, name, prep.fleet, args, prep.physics, key, wl.seed, False, tuned, prep.initial,
                 intercept=intercept)
 
