@@ -132,6 +132,9 @@ def test_pareto_gate():
     ref = fake_outcome(REF, F)
     better = replace(ref, gp_per_dollar=ref.gp_per_dollar * 1.1, gp_per_dollar_lo=ref.gp_per_dollar_lo * 1.1)
     assert pareto_gate(better, ref, obj).passed
+    tie = replace(ref, gp_per_dollar=ref.gp_per_dollar * (1 + 2e-16))  # the same score summed in another order
+    assert not pareto_gate(tie, ref, obj).passed
+    assert pareto_gate(replace(better, gp_per_dollar=ref.gp_per_dollar * (1 + 1e-6)), ref, obj).passed
     worse = replace(ref, gp_per_dollar=ref.gp_per_dollar * 0.9, gp_per_dollar_lo=ref.gp_per_dollar_lo * 0.9)
     g = pareto_gate(worse, ref, obj)
     assert not g.passed and "<= reference" in g.reason
