@@ -27,7 +27,6 @@ from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import Plan
 from worldmodel.servingmodel import ServingModel
 
-
 #: The smallest predicted gain (ratio of the reference's gp/$) the Pareto gate counts as a gain: below it, two plans
 #: the forward model scores alike differ by float rounding (1e-16 seen: the same plan's score summed in another
 #: order), and a lever whose measured margin is 0 would be committed on that noise.
@@ -185,9 +184,10 @@ def hard_gates(plan: Plan, outcome: PredictedOutcome, ctx: GateContext,
 def pareto_gate(candidate: PredictedOutcome, reference: PredictedOutcome, objective: Objective,
                 tolerance_pp: float = 0.1, min_gain: float = 0.0) -> GateResult:
     """Pass only when the candidate beats the reference on predicted gp/$ (carry-adjusted point by more than
-    `min_gain`, a ratio, and by more than float noise, `FLOAT_NOISE`; and risk-adjusted; see objective.py) and no class's predicted violation rate exceeds
-    the reference's by more than `tolerance_pp` (pp), at the point forecast nor at the 95% demand bound (a
-    capacity release costs most when demand runs high, and its effect outlasts the period the model scores)."""
+    `min_gain`, a ratio, and by more than float noise, `FLOAT_NOISE`; and risk-adjusted; see objective.py) and
+    no class's predicted violation rate exceeds the reference's by more than `tolerance_pp` (pp), at the point
+    forecast nor at the 95% demand bound (a capacity release costs most when demand runs high, and its effect
+    outlasts the period the model scores)."""
     why: list[str] = []
     g, g_ref = objective.gp(candidate), objective.gp(reference)
     if g <= g_ref * (1.0 + min_gain) + abs(g_ref) * FLOAT_NOISE:
