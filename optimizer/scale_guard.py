@@ -38,6 +38,7 @@ from datetime import timedelta
 from schemas.forecast import ClassDemand, DisturbanceForecast
 from schemas.plan import Plan
 from schemas.provenance import Provenance, Tagged
+from worldmodel.snapshot import PoolKey
 from worldmodel.transients import AUTOSCALER_WAITING_PER_REPLICA
 
 _FIT = "chosen on the week-before hours and on 2022's windows, ground-truth replays (benchmarks/guard_fit.py)"
@@ -47,9 +48,6 @@ GUARD_STEP = Tagged(1.0, "replicas/period", Provenance.MODELED, _FIT)
 GUARD_GROWTH = Tagged(1.0, "ratio", Provenance.MODELED, _FIT)
 #: The autoscaler's utilization target under the guard (ratio).
 GUARD_TARGET = Tagged(0.7, "ratio", Provenance.MODELED, _FIT)
-
-
-PoolKey = tuple[str, str, str]
 
 
 @dataclass(frozen=True)

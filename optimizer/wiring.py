@@ -71,7 +71,7 @@ def build_policy(
     if name not in AURELIUS_ARMS:
         return create(name, config=tuned) if name == "production-tuned" else create(name)
     arm = dict(AURELIUS_ARMS[name])
-    if tuned is not None and "reference_precision" not in arm:
+    if tuned is not None and wants_tuning(name):
         kwargs.setdefault("reference_precision", (tuned.precision, tuned.kv_dtype))
     horizon = int(kwargs.get("horizon_periods", arm.get("horizon_periods", 12)))
     if arm.get("oracle"):

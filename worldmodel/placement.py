@@ -44,7 +44,7 @@ def place(
     mu_pref = mus[0] if mus else 0.0
     # a replica's share of the first pool's throughput (ratio): the autoscaler adds replicas until the fleet's
     # utilization is at its target, so a slower pool's replica counts for less of the desired capacity
-    w = [m / mu_pref if mu_pref > 0 and m > 0 else 1.0 for m in mus] or [1.0] * len(pools)
+    w = [m / mu_pref if mu_pref > 0 and m > 0 else 1.0 for m in mus]
     if plan.autoscale:
         exact = lam * max(1.0 / max(mu_pref, 1e-12), util_s) / plan.autoscale_target if lam > 0 else 0.0
         need = math.ceil(exact)
