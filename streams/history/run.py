@@ -335,6 +335,7 @@ def run(args: argparse.Namespace) -> int:
         wl = prep.workload(seed, report if seed == 0 else HistoryReport())  # the other seeds repeat seed 0's entries
         refs: dict[str, RunResult] = {}
         ref_summaries: dict[str, dict[str, Any]] = {}
+        arm_runs: dict[str, tuple[RunResult, float]] = {}  # the hindsight arm's lead candidates: run, gp/$
         for arm in arms:
             own = own_policies()
             audit_ = None
@@ -353,6 +354,8 @@ def run(args: argparse.Namespace) -> int:
                 audit_.attach(res)
                 summary["realized_regret"] = audit_.stats()
             runs[arm].append(summary)
+            if getattr(args, "hindsight", False):
+                arm_runs[arm] = (res, summary[BASES[args.cost_basis]])
             if seed == 0 and arm in own:
                 simulated[arm] = simulated_outcomes(res, summary["gpu_hours"])
             if args.emit_observations and res.observations is not None:
@@ -360,13 +363,15 @@ def run(args: argparse.Namespace) -> int:
             _store(db, _frames(res, key))
             _audit(audit, res.decisions, seed)
         if getattr(args, "hindsight", False) and refs:
-            strongest, gstar = g_star(ref_summaries, args.cost_basis)
-            res, choices = run_hindsight(wl, prep.fleet, refs, gstar, period_s=period_s, physics=prep.physics,
-                                         initial_replicas=prep.initial, settings=settings, start_from=strongest)
+            gstar = g_star(ref_summaries, args.cost_basis)[1]
+            lead = max(arm_runs, key=lambda a: arm_runs[a][1])  # the strongest run, a replayed arm included
+            res, choices = run_hindsight(wl, prep.fleet, {**refs, lead: arm_runs[lead][0]}, gstar,
+                                         period_s=period_s, physics=prep.physics, initial_replicas=prep.initial,
+                                         settings=settings, start_from=lead)  # fmt: skip
             summary = summarize(res)
             summary.update(seed=seed, **_decision_stats(res, period_s), per_day=per_day(res, window_s))
             summary["hindsight"] = {"oracle": True, "deployable": False, **settings.describe(), "g_star": gstar,
-                                    "choices": choices}  # fmt: skip
+                                    "lead": lead, "choices": choices}  # fmt: skip
             runs.setdefault(HINDSIGHT, []).append(summary)
             _store(db, _frames(res, key))
     db.close()

@@ -372,6 +372,7 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
     # the references first: g*, the comparison set and the continuation come from their runs
     order = sorted(job.policies, key=lambda n: n not in REFERENCE_POLICIES)
     refs: dict[str, RunResult] = {}
+    runs: dict[str, RunResult] = {}
     summaries: dict[str, dict[str, Any]] = {}
     gstar = 0.0
     for name in order:
@@ -391,6 +392,8 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
                 strongest, gstar = g_star(summaries, args.cost_basis)
                 window["g_star"] = {"reference": strongest, "gp_per_dollar": gstar, "cost_basis": args.cost_basis}
         summaries[name] = summary
+        if hindsight:
+            runs[name] = res
         if args.emit_observations and res.observations is not None:
             emit_observations(Path(args.out) / "observations" / job.key / name / f"seed{job.seed}", res)
         if audit is not None:
@@ -404,15 +407,17 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
                    initial, intercept=audit.intercept)  # fmt: skip
         next(o for o in outcomes if o.policy == name).summary["realized_regret"] = audit.stats()
     if hindsight:
-        res, choices = run_hindsight(wl, fleet, refs, gstar, period_s=period_s, physics=physics,
-                                     all_sites=job.all_sites, initial_replicas=initial, settings=settings,
-                                     start_from=window["g_star"]["reference"])  # fmt: skip
+        lead = g_star(summaries, args.cost_basis)[0]  # the strongest run of the job, a replayed arm included
+        res, choices = run_hindsight(wl, fleet, {**refs, lead: runs[lead]}, gstar, period_s=period_s,
+                                     physics=physics, all_sites=job.all_sites, initial_replicas=initial,
+                                     settings=settings, start_from=lead)  # fmt: skip
         summary = summarize(res)
         summary["seed"] = job.seed
         summary.update(_decision_stats(res, args.period_minutes * 60.0))
         summaries[HINDSIGHT] = summary
         summary["hindsight"] = {"oracle": True, "deployable": False, **settings.describe(), "g_star": gstar,
-                                "check": hindsight_check(summaries, args.cost_basis), "choices": choices}  # fmt: skip
+                                "lead": lead, "check": hindsight_check(summaries, args.cost_basis),
+                                "choices": choices}  # fmt: skip
         outcomes.append(Outcome(HINDSIGHT, summary, _frames(res, job.key), [], window))
     return outcomes
 
@@ -603,13 +608,16 @@ def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
         out["realized_regret"]["gap_per_request"] = {k: g[k] for k in ("mean", "p50", "p90", "n", "values")}
     if "hindsight" in first:
         out["oracle"], out["deployable"] = True, False
-        out["hindsight"] = {k: v for k, v in first["hindsight"].items() if k not in ("check", "choices")}
+        out["hindsight"] = {k: v for k, v in first["hindsight"].items() if k not in ("check", "choices", "lead")}
+        out["hindsight"]["leads"] = [s["hindsight"].get("lead") for s in per_seed]
     out["by_seed"] = per_seed
     return out
 
 
 def _hindsight_flags(market: dict[str, Any]) -> None:
-    """A market's hindsight verdict: valid when hindsight >= every arm in gp/$ in each seed's run."""
+    """A market's hindsight verdict (valid when hindsight >= every arm in gp/$ in each seed's run) and each
+    non-reference arm's share of the headroom on the hindsight's cost basis: its gain over the strongest
+    reference / the hindsight arm's (None when the hindsight arm found no gain)."""
     h = market["policies"].get(HINDSIGHT)
     if h is None:
         return
@@ -619,6 +627,14 @@ def _hindsight_flags(market: dict[str, Any]) -> None:
         "invalid_seeds": [s["seed"] for s, c in zip(h["by_seed"], checks, strict=True) if not c["valid"]],
         "beaten_by": sorted({n for c in checks for n in c["beaten_by"]}),
     }
+    gains = market.get("gain_vs_strongest", {})
+    if HINDSIGHT in gains:
+        basis = h["hindsight"]["cost_basis"]
+        room = gains[HINDSIGHT][basis]
+        market["hindsight"]["headroom"] = {"cost_basis": basis, "gain": room}
+        market["hindsight"]["captured"] = {
+            n: (g[basis] / room if room > 0 else None) for n, g in gains.items() if n != HINDSIGHT
+        }
 
 
 def _oracle_gap(market: dict[str, Any]) -> None:
@@ -753,3 +769,6 @@ def print_tables(results: dict[str, Any], basis: str) -> None:
             h = m["hindsight"]
             verdict = "valid" if h["valid"] else f"INVALID (beaten by {', '.join(h['beaten_by'])})"
             print(f"* hindsight: an oracle on ground-truth branches, not deployable; the window's headroom; {verdict}")
+            for name, share in h.get("captured", {}).items():
+                if share is not None:
+                    print(f"  headroom captured ({h['headroom']['cost_basis']}) by {name}: {share:.0%}")

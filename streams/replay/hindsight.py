@@ -1,9 +1,11 @@
 """The hindsight arm and the realized-regret audit, both on counterfactual branches of the ground truth
 (streams/replay/branching.py; definitions in docs/metrics.md "Counterfactual branching").
 
-- `run_hindsight`: at each period of the window, branch K >= 16 plans (the references' plans for that
-  period, the previous committed plan, a spread over the levers), commit the one of best value among those
-  whose per-class violation rate stays within production's branch + 0.1 pp, go on. It reads the realized
+- `run_hindsight`: at each period of the window, branch K >= 16 plans (the references' and the lead run's plans
+  for that period, the previous committed plan, a spread over the levers around the lead's), commit the one of
+  best value among those whose per-class violation rate stays within the lead's branch + 0.1 pp, go on. The
+  lead is the strongest run of the job (a replayed arm included), so the arm searches around the best plans
+  known and its headroom is measured from them. It reads the realized
   future through the simulator: an oracle, never a deployable policy. It is not in the policy registry and
   `--policies` cannot select it; `aurelius replay --hindsight` runs it after the references of each job.
 - `RegretAudit`: at >= 30 decisions of a run drawn by the workload seed, the comparison set (the
@@ -96,8 +98,8 @@ def _plan_at(run: RunResult, k: int) -> Plan:
 
 @dataclass
 class _Context:
-    """The branches' shared parts: the continuation and the spread's base are reference `lead`'s plans
-    (production for the regret audit, as defined; the hindsight arm's own start reference for the arm)."""
+    """The branches' shared parts: the continuation and the spread's base are run `lead`'s plans
+    (production for the regret audit, as defined; the hindsight arm's lead run for the arm)."""
 
     references: dict[str, RunResult]
     gstar: float
@@ -116,7 +118,7 @@ class _Context:
 
 
 class _Replayed(Policy):
-    """A reference run's plans again, period by period (the hindsight arm's start and drain)."""
+    """A run's plans again, period by period (the hindsight arm's start and drain)."""
 
     name = HINDSIGHT
 
@@ -146,11 +148,11 @@ def run_hindsight(
     **replay: Any,
 ) -> tuple[RunResult, list[dict[str, Any]]]:
     """The hindsight arm over the workload's window (module docstring); returns the run and its per-period
-    choices. Period 0 is the start plan of reference `start_from` (the strongest reference: the fleet and engine
-    configuration it starts the window with); every period's branches spread around that reference's plan,
-    continue under its plans, and are gated against its branch (+0.1 pp per class); after the last arrival's
-    period (the drain) it runs on under its plans. replay: further run_replay arguments (window_s, grace_s), as
-    the references were run."""
+    choices. Period 0 is the start plan of run `start_from` in `references` (the lead: the job's strongest run,
+    the fleet and engine configuration it starts the window with); every period's branches spread around the
+    lead's plan, continue under its plans, and are gated against its branch (+0.1 pp per class); after the last
+    arrival's period (the drain) it runs on under its plans. replay: further run_replay arguments (window_s,
+    grace_s), as the references were run."""
     if CONTINUATION not in references:
         raise ValueError("the hindsight arm needs the production reference's run (its continuation)")
     lead = references[start_from]

@@ -288,3 +288,30 @@ def test_noise_replicates_paired_and_leave_the_run_untouched(wl: Workload) -> No
     assert mean.replicates == 3
     assert mean.value == pytest.approx(np.mean([b.value for b in got["reps"]]))
     assert mean.cost_usd == pytest.approx(np.mean([b.cost_usd for b in got["reps"]]))
+
+
+def test_hindsight_leads_from_the_strongest_run_an_arm_included(wl: Workload, prod: RunResult) -> None:
+    """Led by a replayed arm (not a reference), the arm starts from that run's start plan, always branches its
+    plan and gates against it: the headroom is measured from the best plans known, not below them."""
+    arm = _run(wl, create("naive"))
+    run, choices = run_hindsight(
+        wl, FLEET, {"production": prod, "arm": arm}, G_STAR, period_s=P, settings=BranchSettings(K=16, H=1),
+        window_s=PERIODS * P, grace_s=P, start_from="arm",
+    )  # fmt: skip
+    assert run.plan_by_period[0] == arm.plan_by_period[0] != prod.plan_by_period[0]
+    assert all("ref:arm" in c["full"] for c in choices)
+
+
+def test_headroom_captured_is_the_arms_share_of_the_hindsight_gain() -> None:
+    h = {"by_seed": [{"seed": 0, "hindsight": {"check": {"valid": True, "beaten_by": []}}}],
+         "hindsight": {"cost_basis": "rented"}}  # fmt: skip
+    market = {
+        "policies": {HINDSIGHT: h},
+        "gain_vs_strongest": {"aurelius": {"rented": 0.10, "owned": 0.0}, HINDSIGHT: {"rented": 0.25, "owned": 0.1}},
+    }
+    _hindsight_flags(market)
+    assert market["hindsight"]["headroom"] == {"cost_basis": "rented", "gain": 0.25}
+    assert market["hindsight"]["captured"]["aurelius"] == pytest.approx(0.4)
+    market["gain_vs_strongest"][HINDSIGHT]["rented"] = 0.0  # no headroom found: no share
+    _hindsight_flags(market)
+    assert market["hindsight"]["captured"]["aurelius"] is None
