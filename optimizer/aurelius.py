@@ -222,10 +222,11 @@ class AureliusPolicy(Policy):
             return self._reference_only(obs.as_of, obs.period_index, ref_plan, t0, c0, reason, {})
 
     def _at_reference_precision(self, plan: Plan) -> Plan:
-        """The reference's plan at `reference_precision` (unchanged without one)."""
+        """The reference's plan at `reference_precision`, its label naming it (unchanged without one)."""
         if self.reference_precision is None:
             return plan
-        return with_precision(plan, *self.reference_precision)
+        weights, kv = self.reference_precision
+        return replace(with_precision(plan, weights, kv), label=f"{plan.label} at {weights}/kv {kv}")
 
     def last_decision(self) -> dict[str, Any] | None:
         return self._record

@@ -19,6 +19,7 @@ from schemas.audit import decision_id
 from schemas.forecast import DisturbanceForecast, Interval, PredictedOutcome
 from schemas.plan import Plan
 from schemas.timestamps import ts_to_wire
+from worldmodel.snapshot import pool_name
 
 #: Top candidates kept in the record (count).
 TOP_N = 5
@@ -27,7 +28,7 @@ TOP_N = 5
 def outcome_dict(o: PredictedOutcome) -> dict[str, Any]:
     """A predicted outcome as plain JSON-able values (pool replicas keyed "site/model/gpu")."""
     d = asdict(o)
-    d["pool_replicas"] = {"/".join(k): v for k, v in o.pool_replicas.items()}
+    d["pool_replicas"] = {pool_name(k): v for k, v in o.pool_replicas.items()}
     return d
 
 

@@ -26,6 +26,7 @@ from schemas.fleet import SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType, default_max_nu
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import Plan
 from worldmodel.servingmodel import ServingModel
+from worldmodel.snapshot import pool_name
 
 #: The smallest predicted gain (ratio of the reference's gp/$) the Pareto gate counts as a gain: below it, two plans
 #: the forward model scores alike differ by float rounding (1e-16 seen: the same plan's score summed in another
@@ -107,7 +108,7 @@ def capacity_gate(plan: Plan, ctx: GateContext, cfg: GateConfig) -> GateResult:
     used: dict[tuple[str, str], int] = defaultdict(int)
     ctx_tokens = _context_tokens(ctx.forecast)
     for p in plan.pools:
-        name = "/".join(p.key)
+        name = pool_name(p.key)
         site = next((s for s in ctx.fleet.sites if s.name == p.site), None)
         if site is None:
             bad.append(f"{name}: no site {p.site} in the fleet")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType
 from schemas.plan import BatchAdmission, Plan, PoolPlan, Routing
+from worldmodel.snapshot import pool_name
 
 #: Max concurrent sequences per replica the optimizer may set (count).
 MAX_BATCH_STEPS: tuple[int, ...] = (64, 128, 256, 384, 512)
@@ -176,7 +177,7 @@ def neighbours(plan: Plan, space: LeverSpace, levers: tuple[str, ...],
         if pools is not None and p.key not in pools:
             continue
         lv = space.pool(p.key)
-        name = "/".join(p.key)
+        name = pool_name(p.key)
         if "clock" in levers:
             for c in _adjacent(lv.clocks_mhz, p.sm_clock_mhz):
                 yield f"{name} clock {c}", set_pool(plan, p.key, sm_clock_mhz=c)

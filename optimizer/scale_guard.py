@@ -38,7 +38,7 @@ from datetime import timedelta
 from schemas.forecast import ClassDemand, DisturbanceForecast
 from schemas.plan import Plan
 from schemas.provenance import Provenance, Tagged
-from worldmodel.snapshot import PoolKey
+from worldmodel.snapshot import PoolKey, pool_name
 from worldmodel.transients import AUTOSCALER_WAITING_PER_REPLICA
 
 _FIT = "chosen on the week-before hours and on 2022's windows, ground-truth replays (benchmarks/guard_fit.py)"
@@ -67,9 +67,9 @@ class GuardInputs:
         >>> GuardInputs({("s", "m", "H100"): 9}, {}, {("s", "m", "H100"): 1.23456}).as_dict()
         {'live': {'s/m/H100': 9}, 'need': {}, 'waiting': {'s/m/H100': 1.235}}
         """
-        return {"live": {"/".join(k): n for k, n in sorted(self.live.items())},
-                "need": {"/".join(k): n for k, n in sorted(self.need.items())},
-                "waiting": {"/".join(k): round(w, 3) for k, w in sorted(self.waiting.items())}}
+        return {"live": {pool_name(k): n for k, n in sorted(self.live.items())},
+                "need": {pool_name(k): n for k, n in sorted(self.need.items())},
+                "waiting": {pool_name(k): round(w, 3) for k, w in sorted(self.waiting.items())}}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,15 @@ from worldmodel.state import FLOAT_DIGITS, REPLICA_STATE_SQL, WorldState
 PoolKey = tuple[str, str, str]
 
 
+def pool_name(key: PoolKey) -> str:
+    """A pool's key as records and messages name it: "site/model/gpu".
+
+    >>> pool_name(("site-pjm", "llama-3.1-8b", "H100"))
+    'site-pjm/llama-3.1-8b/H100'
+    """
+    return "/".join(key)
+
+
 @dataclass(frozen=True)
 class PoolState:
     """Replicas of one (site, model, gpu) pool as of the snapshot.

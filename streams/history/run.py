@@ -23,6 +23,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from optimizer.wiring import wants_tuning
 from schemas.fleet import FleetSpec
 from schemas.kafka_client import settings_from_args
 from schemas.policy import REFERENCE_POLICIES, History, Policy
@@ -194,7 +195,7 @@ def prepare(args: argparse.Namespace, config: HistoryConfig, raw: RawHistory, re
     prep = Prepared(records, config, market, start, end, spans, fleet, prices, hist, fit_autoscaler(records, spans),
                     physics, {**cal.as_dict(), "applied": bool(physics.corrections)})
     prep = replace(prep, fit=_refine(prep, args))
-    if "production-tuned" in _csv(args.policies):
+    if any(wants_tuning(p) for p in _csv(args.policies)):
         prep = replace(prep, tuning=_tune(prep))
     return prep
 
@@ -283,9 +284,7 @@ def _arm(
             keep_observations=args.emit_observations,
             initial_replicas=prep.initial,
         )
-    # production-tuned alone reads the tuning here: on recorded history the aurelius arms keep the reference's own
-    # precision (the tuning runs only when production-tuned is asked, so their figures would depend on it)
-    tuned = prep.tuning.config if prep.tuning is not None and name == "production-tuned" else None
+    tuned = prep.tuning.config if prep.tuning is not None and wants_tuning(name) else None
     return _one(wl, name, prep.fleet, args, prep.physics, key, wl.seed, False, tuned, prep.initial,
                 intercept=intercept)
 

@@ -292,3 +292,4 @@ def test_the_reference_runs_at_the_tuned_precision_where_the_gpu_has_it():
     got = {p["gpu"]: (p["precision"], p["kv_dtype"]) for p in rec["reference_plan"]["pools"]}
     assert got == {"H100": ("fp8", "fp8"), "A100": ("bf16", "auto")}
     assert rec["reference_precision"] == ["fp8", "fp8"]
+    assert rec["reference_plan"]["label"].endswith(" at fp8/kv fp8")  # the plan says so too

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import polars as pl
 import pytest
 
@@ -356,8 +357,9 @@ def test_incomplete_records_reported(generated: Path) -> None:
 
 
 def test_hindsight_on_a_history(generated: Path, tmp_path: Path) -> None:
-    """--hindsight on a history: the oracle arm branches the ground truth around the strongest reference of the
-    history replay (here production), flagged not deployable, with its g* and per-period choices."""
+    """--hindsight on a history: the oracle arm branches the ground truth around the strongest run of the history
+    replay (an as-deployed arm included), flagged not deployable, with g* (the strongest reference's gp/$) and
+    per-period choices."""
     argv = ["replay", "--history", str(generated / "observations"), "--history-config", str(generated / "history.toml"),
             "--policies", "naive", "--hindsight", "--out", str(tmp_path), "--no-progress"]  # fmt: skip
     assert main(argv) == 0
@@ -368,6 +370,8 @@ def test_hindsight_on_a_history(generated: Path, tmp_path: Path) -> None:
     strongest = max(("production", "naive"), key=lambda n: pol[n]["gp_per_dollar"])
     assert h["oracle"] and not h["deployable"] and h["g_star"] == pytest.approx(pol[strongest]["gp_per_dollar"])
     assert len(pol["hindsight"]["by_seed"][0]["hindsight"]["choices"]) >= 2 and "gain_vs_as_deployed" in market
+    arms = [n for n in pol if n != "hindsight"]
+    assert h["leads"] == [max(arms, key=lambda n: pol[n]["gp_per_dollar"])]
 
 
 def test_production_tuned_is_tuned_on_the_records_before_the_range(tmp_path: Path) -> None:
@@ -378,9 +382,9 @@ def test_production_tuned_is_tuned_on_the_records_before_the_range(tmp_path: Pat
     start = json.loads((tmp_path / "ex" / "truth.json").read_text())["window_start"]
     cut = (datetime.fromisoformat(start) + timedelta(minutes=15)).isoformat()
 
-    def run(out: Path, *extra: str) -> dict[str, Any]:
-        argv = ["replay", "--history", str(hist), "--history-config", str(cfg), "--policies",
-                "production,production-tuned", "--out", str(out), "--no-progress", *extra]  # fmt: skip
+    def run(out: Path, *extra: str, policies: str = "production,production-tuned") -> dict[str, Any]:
+        argv = ["replay", "--history", str(hist), "--history-config", str(cfg), "--policies", policies,
+                "--out", str(out), "--no-progress", *extra]  # fmt: skip
         assert main(argv) == 0
         return json.loads((out / "results.json").read_text())
 
@@ -392,3 +396,10 @@ def test_production_tuned_is_tuned_on_the_records_before_the_range(tmp_path: Pat
     assert whole["history"]["production_tuned"] is None
     assert "production-tuned" not in whole["markets"]["ERCOT@history"]["policies"]
     assert any(e["check"] == "production_tuned" for e in whole["history"]["report"]["entries"])
+    # aurelius alone asks for the tuning too, and its reference plan runs at the tuning's measured precision
+    arm = run(tmp_path / "arm", "--history-start", cut, policies="production,aurelius")
+    cfg_ = arm["history"]["production_tuned"]["config"]
+    assert arm["history"]["production_tuned"]["candidates"] == rec["candidates"]
+    recs = duckdb.sql(f"select record from '{tmp_path / 'arm' / 'audit'}/*.parquet' where policy = 'aurelius'")
+    taken = {tuple(json.loads(r)["reference_precision"]) for (r,) in recs.fetchall()}
+    assert taken == {(cfg_["precision"], cfg_["kv_dtype"])}
