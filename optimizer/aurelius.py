@@ -50,6 +50,7 @@ from optimizer.margins import FAMILY_FIELDS, load_margins, pin_families
 from optimizer.objective import Objective
 from optimizer.observed import ObservedState
 from optimizer.ports import ForecastProvider, WorldModelPort
+from optimizer.ramp import RampLine, ramp_lines
 from optimizer.registry import create, register
 from optimizer.scale_guard import GuardInputs, ScaleGuard
 from optimizer.search import LEVER_STAGES, SearchConfig, SearchResult, search
@@ -174,6 +175,7 @@ class AureliusPolicy(Policy):
         self._fresh = self._seen_telemetry = self._seen_arrivals = False
         self._guard_inputs = GuardInputs()
         self._last_forecast: DisturbanceForecast | None = None  # the last decision's forecast of its period
+        self._ramps: dict[tuple[str, str], RampLine] = {}  # classes whose rate climbed inside the last period
 
     def start(self, ctx: PolicyContext, history: History) -> Plan:
         if self.forecast_provider is None or self.world_model is None:
@@ -183,6 +185,7 @@ class AureliusPolicy(Policy):
             history = replace(history, prices=pl.DataFrame(schema=frame_schema("price")))
         self._observed = ObservedState()
         self._last_forecast = None
+        self._ramps = {}
         self._fresh = history.prices.height == 0 and history.arrivals_per_minute.height == 0
         self._seen_telemetry = self._seen_arrivals = False
         ref = self.reference_policy or create(self.reference)
@@ -207,6 +210,7 @@ class AureliusPolicy(Policy):
         others = tuple(r.plan(obs) for r in self.also_reference_policies)
         try:
             self._observed.update_arrivals(obs.arrivals)
+            self._ramps = ramp_lines(obs.arrivals, obs.as_of, self._ctx.period_s) if self.guard else {}
             self._seen_telemetry |= obs.telemetry.height > 0
             self._seen_arrivals |= obs.arrivals.height > 0
             assert self.forecast_provider is not None and self.world_model is not None
@@ -219,6 +223,7 @@ class AureliusPolicy(Policy):
             self._previous = ref_plan
             self._guard_inputs = GuardInputs()  # the reference's plan as deployed: no guard
             self._last_forecast = None
+            self._ramps = {}
             return self._reference_only(obs.as_of, obs.period_index, ref_plan, t0, c0, reason, {})
 
     def _at_reference_precision(self, plan: Plan) -> Plan:
@@ -280,7 +285,8 @@ class AureliusPolicy(Policy):
                        forecasts: tuple[DisturbanceForecast, ...]) -> dict[tuple[str, str, str], int]:
         """Per pool, the most replicas the forward model predicts the reference's autoscaler (at the guard's target,
         no ceiling but the inventory) places at the guard's demand (`ScaleGuard.demand`: the forecast's 80% upper
-        bound, or its point carried on by its rise since the period before) over this period and the next
+        bound, its point carried on by its rise since the period before, or the line through the last period's
+        minute counts where they climbed) over this period and the next
         (count): a replica started now serves from the next period on (the cold start outlasts a period)."""
         assert self.world_model is not None and self.guard is not None
         plan = replace(ref_plan, autoscale_target=self.guard.target)
@@ -288,7 +294,7 @@ class AureliusPolicy(Policy):
         before = (self._last_forecast, *forecasts[:1])  # each period's forecast before it: the ramp's base
         for f, previous in zip(forecasts[:2], before, strict=False):
             # the point forecast alone: the counts are the point scenario's, the bounds' three evaluations unused
-            demand = self.guard.demand(f, previous)
+            demand = self.guard.demand(f, previous, self._ramps)
             out = self.world_model.evaluator(as_of, demand, None, self._previous, spread=False)(plan)
             for key, n in out.pool_replicas.items():
                 need[key] = max(need.get(key, 0), math.ceil(n - 1e-9))
@@ -340,10 +346,14 @@ class AureliusPolicy(Policy):
                 "reference_precision": list(self.reference_precision) if self.reference_precision else None}
 
     def _guard_record(self) -> dict[str, Any] | None:
-        """The guard's settings and the live replicas it bounded the ceilings by ("site/model/gpu": count)."""
+        """The guard's settings, the live replicas it bounded the ceilings by ("site/model/gpu": count) and the
+        classes whose rate climbed inside the last period ("class/model": level req/s at the decision, slope
+        req/s per s)."""
         if self.guard is None:
             return None
-        return {**self.guard.as_dict(), **self._guard_inputs.as_dict()}
+        ramps = {f"{c}/{m}": {"level": round(r.level, 3), "slope": round(r.slope, 5)}
+                 for (c, m), r in sorted(self._ramps.items())} if self.guard.ramp else {}  # fmt: skip
+        return {**self.guard.as_dict(), **self._guard_inputs.as_dict(), "ramps": ramps}
 
     def _planned(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
                  forecasts: tuple[DisturbanceForecast, ...], other_refs: tuple[Plan, ...],
@@ -550,6 +560,7 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-no-batch": {"mode": "full", "ablate": frozenset({"batch"})},
     "aurelius-no-guard": {"mode": "full", "guard": None},
     "aurelius-no-trend": {"mode": "full", "guard": ScaleGuard(trend=False)},
+    "aurelius-no-ramp": {"mode": "full", "guard": ScaleGuard(ramp=False)},
     "aurelius-own-precision": {"mode": "full", "reference_precision": None},
     "aurelius-horizon": {"mode": "full", "horizon": HorizonSpec(), "horizon_periods": HorizonSpec().periods},
     "oracle": {"mode": "full", "oracle": True},

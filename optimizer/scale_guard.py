@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
+from optimizer.ramp import RampLine
 from schemas.forecast import ClassDemand, DisturbanceForecast
 from schemas.plan import Plan
 from schemas.provenance import Provenance, Tagged
@@ -84,12 +85,16 @@ class ScaleGuard:
     target: float = GUARD_TARGET.value
     backlog: bool = False
     trend: bool = True
+    ramp: bool = True
 
-    def demand(self, f: DisturbanceForecast, previous: DisturbanceForecast | None = None) -> DisturbanceForecast:
+    def demand(self, f: DisturbanceForecast, previous: DisturbanceForecast | None = None,
+               ramps: Mapping[tuple[str, str], RampLine] | None = None) -> DisturbanceForecast:
         """The demand the need is sized for: each class's arrival rate (req/s) at the forecast's 80% upper bound,
         or, with `trend`, at the point forecast carried on by its rise since `previous` (the last decision's
-        forecast of the period before `f`'s, None when there was none), whichever is larger: a ramp the
-        forecast's interval does not span is served as it rises, not one period late.
+        forecast of the period before `f`'s, None when there was none), or, with `ramp`, at the middle of `f`'s
+        period on the line through the last period's minute counts of a class that climbed inside it (`ramps`,
+        optimizer/ramp.py), whichever is largest: a ramp the forecast's interval does not span is served as it
+        rises, not one period late.
 
         >>> from datetime import datetime, timedelta, timezone
         >>> from schemas.forecast import Interval
@@ -103,16 +108,23 @@ class ScaleGuard:
         31.5
         >>> ScaleGuard(trend=False).demand(now, before).demand[0].arrivals_per_s.point  # the hi80
         25.1
+        >>> climbing = {("chat", "m"): RampLine(t, 30.2, 0.0556)}  # still climbing when the period closed
+        >>> round(ScaleGuard().demand(now, before, climbing).demand[0].arrivals_per_s.point, 1)  # 30.2 + 0.0556 x 150
+        38.5
         """
         before = {}
         if self.trend and previous is not None and previous.period_start + timedelta(
                 seconds=previous.period_s) == f.period_start:
             before = {(d.request_class, d.model): d.arrivals_per_s.point for d in previous.demand}
 
+        middle = f.period_start + timedelta(seconds=f.period_s / 2)
+        lines = ramps if self.ramp and ramps else {}
+
         def rate(d: ClassDemand) -> float:
             point = d.arrivals_per_s.point
             rise = point - before.get((d.request_class, d.model), point)
-            return max(d.arrivals_per_s.hi80, point + max(rise, 0.0))
+            line = lines.get((d.request_class, d.model))
+            return max(d.arrivals_per_s.hi80, point + max(rise, 0.0), line.at(middle) if line else 0.0)
 
         return replace(f, demand=tuple(replace(d, arrivals_per_s=replace(d.arrivals_per_s, point=rate(d)))
                                        for d in f.demand))  # fmt: skip
@@ -170,4 +182,4 @@ class ScaleGuard:
     def as_dict(self) -> dict[str, float | bool]:
         """The settings, as the audit record carries them."""
         return {"step": self.step, "growth": self.growth, "target": self.target, "backlog": self.backlog,
-                "trend": self.trend}
+                "trend": self.trend, "ramp": self.ramp}

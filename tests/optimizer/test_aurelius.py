@@ -10,8 +10,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import fastjsonschema
+import polars as pl
 import pytest
 from opt_fakes import (
+    PERIOD_S,
     FakeWorld,
     PersistenceForecasts,
     StubReference,
@@ -280,6 +282,32 @@ def test_the_guard_serves_a_rising_forecast_as_it_rises(trend: bool, chat: int, 
     assert ref[_LiveWorld.KEY]["replica_ceiling"] == ceiling
     assert recs[2]["scale_guard"]["trend"] is trend
     assert recs[1]["scale_guard"]["need"] == {"site-pjm/llama-3.1-70b/H100": 4}  # no decision before: the hi80 3.3
+
+
+def _climbing(k: int):
+    """observations(k) whose 900 chat requests arrive at a rate climbing linearly across the period (from 0 to
+    6 req/s: 3 req/s on average, as the flat period's)."""
+    obs = observations(k)
+    a = obs.arrivals
+    chat = a.filter(pl.col("request_class") == "chat")
+    n, as_of = chat.height, obs.as_of
+    at = [as_of - timedelta(seconds=PERIOD_S * (1 - ((i + 0.5) / n) ** 0.5)) for i in range(n)]
+    chat = chat.with_columns(pl.Series("event_at", at, dtype=a.schema["event_at"]))
+    return replace(obs, arrivals=pl.concat([a.filter(pl.col("request_class") != "chat"), chat]))
+
+
+@pytest.mark.parametrize(("ramp", "need"), [(True, 15), (False, 4)])
+def test_the_guard_serves_a_ramp_still_climbing_when_the_period_closed(ramp: bool, need: int):
+    """Chat's mean is 3 req/s (the 80% upper bound 3.3: 4 replicas), but it climbed from 0 to 6 req/s inside the
+    period: the line through its minute counts (0.02 req/s per s) reaches 9 req/s in the middle of this period and
+    15 in the middle of the next, so the need (the larger) is 15 replicas with the ramp term and 4 without; the
+    record names the climbing class."""
+    pol = AureliusPolicy(world_model=_RampWorld(0), reference_policy=StubReference(), audit=False,
+                         forecast_provider=PersistenceForecasts(), guard=ScaleGuard(ramp=ramp))
+    rec = run(pol, _climbing, periods=1)[1]
+    assert rec["scale_guard"]["need"] == {"site-pjm/llama-3.1-70b/H100": need}
+    ramps = rec["scale_guard"]["ramps"]
+    assert ramps.get("chat/llama-3.1-70b") == ({"level": 6.0, "slope": 0.02} if ramp else None)
 
 
 def test_the_reference_runs_at_the_tuned_precision_where_the_gpu_has_it():
