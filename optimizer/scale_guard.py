@@ -13,7 +13,8 @@ The guard keeps the runtime's autoscaler as a safety net whose reach per period 
 is at most max(live + `step`, ceil(`growth` x live), need) replicas (live = warm + loading, as the world model saw
 them at the decision; need = what the forward model predicts the autoscaler places at the forecast's 80% upper
 demand this period and the next, or, with `trend`, at the point forecast carried on by its rise since the last
-decision, so a forecast ramp is served; with `backlog`, also what the backlog trigger asks
+decision, so a forecast ramp is served, or, with `ramp`, at the line through the last period's minute counts of
+a class that climbed inside it (optimizer/ramp.py); with `backlog`, also what the backlog trigger asks
 for the sequences that waited over the last minute), so a burst the forecast does not explain can add `step`
 replicas a period, not double the fleet, and the autoscaler's target is `target`, so the steady fleet the
 utilization trigger holds is larger and serves the bursts the surges arrived too late for. Once the fleet has
