@@ -63,6 +63,12 @@ def ramp_lines(
     >>> line = ramp_lines(ramp, t0, 300.0)[("chat", "llama-3.1-70b")]
     >>> round(line.at(t0 + timedelta(minutes=2, seconds=30)), 1)  # the next period's middle (realized: 39.6)
     40.2
+    >>> dipped = minutes([1000, 1100, 1200, 1300, 1000])
+    >>> ramp_lines(dipped, t0, 300.0)
+    {}
+    >>> after = dipped.head(400).with_columns(pl.lit(t0 + timedelta(seconds=1)).alias("event_at"))
+    >>> ramp_lines(pl.concat([dipped, after]), t0, 300.0)  # arrivals after as_of are never read
+    {}
     >>> ramp_lines(minutes([1636, 1625, 1552, 1581, 1594]), t0, 300.0)  # ERCOT 2023-08-25 seed 0, period 2
     {}
     >>> ramp_lines(minutes([1600, 1610, 1590, 1605, 2400]), t0, 300.0)  # one busy minute is no ramp
