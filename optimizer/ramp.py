@@ -3,9 +3,9 @@ counts, for the scale-up guard (optimizer/scale_guard.py).
 
 The forecasts persist the last period's mean rate, and the guard's trend term carries on the rise between two
 periods' means; both trail a ramp that is still climbing when the period closes (CAISO's 2023 default window,
-seed 2: chat rose from 1,024 to 1,814 requests a minute inside period 17; the period's mean, 23.5 req/s, is what
-the next period was sized for, and it brought 39.6 req/s). A line through the minute counts sees the climb at
-the decision. It is used only where its slope is positive beyond the minute counts' own scatter (a one-sided
+seed 2: chat rose from 1,024 to 1,814 requests a minute inside period 17; its mean, 23.5 req/s, carried on by its
+rise since period 16 asked for about 31.6, and period 18 brought 39.6). A line through the minute counts sees the
+climb at the decision. It is used only where its slope is positive beyond the minute counts' own scatter (a one-sided
 test at `RAMP_CONFIDENCE`), so a flat period's noise or a single busy minute does not read as a ramp.
 """
 
