@@ -210,7 +210,8 @@ class AureliusPolicy(Policy):
         others = tuple(r.plan(obs) for r in self.also_reference_policies)
         try:
             self._observed.update_arrivals(obs.arrivals)
-            self._ramps = ramp_lines(obs.arrivals, obs.as_of, self._ctx.period_s) if self.guard else {}
+            ramps_on = self.guard is not None and self.guard.ramp
+            self._ramps = ramp_lines(obs.arrivals, obs.as_of, self._ctx.period_s) if ramps_on else {}
             self._seen_telemetry |= obs.telemetry.height > 0
             self._seen_arrivals |= obs.arrivals.height > 0
             assert self.forecast_provider is not None and self.world_model is not None
@@ -352,7 +353,7 @@ class AureliusPolicy(Policy):
         if self.guard is None:
             return None
         ramps = {f"{c}/{m}": {"level": round(r.level, 3), "slope": round(r.slope, 5)}
-                 for (c, m), r in sorted(self._ramps.items())} if self.guard.ramp else {}  # fmt: skip
+                 for (c, m), r in sorted(self._ramps.items())}  # fmt: skip
         return {**self.guard.as_dict(), **self._guard_inputs.as_dict(), "ramps": ramps}
 
     def _planned(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,

@@ -334,7 +334,8 @@ def run(args: argparse.Namespace) -> int:
         wl = prep.workload(seed, report if seed == 0 else HistoryReport())  # the other seeds repeat seed 0's entries
         refs: dict[str, RunResult] = {}
         ref_summaries: dict[str, dict[str, Any]] = {}
-        arm_runs: dict[str, tuple[RunResult, float]] = {}  # the hindsight arm's lead candidates: run, gp/$
+        arm_runs: dict[str, RunResult] = {}  # the hindsight arm's lead candidates
+        arm_summaries: dict[str, dict[str, Any]] = {}
         for arm in arms:
             own = own_policies()
             audit_ = None
@@ -354,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
                 summary["realized_regret"] = audit_.stats()
             runs[arm].append(summary)
             if getattr(args, "hindsight", False):
-                arm_runs[arm] = (res, summary[BASES[args.cost_basis]])
+                arm_runs[arm], arm_summaries[arm] = res, summary
             if seed == 0 and arm in own:
                 simulated[arm] = simulated_outcomes(res, summary["gpu_hours"])
             if args.emit_observations and res.observations is not None:
@@ -363,8 +364,8 @@ def run(args: argparse.Namespace) -> int:
             _audit(audit, res.decisions, seed)
         if getattr(args, "hindsight", False) and refs:
             gstar = g_star(ref_summaries, args.cost_basis)[1]
-            lead = max(arm_runs, key=lambda a: arm_runs[a][1])  # the strongest run, a replayed arm included
-            res, choices = run_hindsight(wl, prep.fleet, {**refs, lead: arm_runs[lead][0]}, gstar,
+            lead = g_star(arm_summaries, args.cost_basis)[0]  # the strongest run, a replayed arm included
+            res, choices = run_hindsight(wl, prep.fleet, {**refs, lead: arm_runs[lead]}, gstar,
                                          period_s=period_s, physics=prep.physics, initial_replicas=prep.initial,
                                          settings=settings, start_from=lead)  # fmt: skip
             summary = summarize(res)
