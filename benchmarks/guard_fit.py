@@ -10,8 +10,8 @@ whole window's gp/$ moves several % with the event order alone, so each setting'
 is paired on the same replicate and averaged.
 
 Per market and setting it prints the mean rented and owned gp/$ difference against production and each class's
-violation-rate difference (pp); the chosen setting has the highest mean rented gain over the markets among those
-no class of which is worse than production's by more than `--slack-pp` in any market.
+violation-rate difference (pp); the chosen setting has the highest mean gain over the markets on `--basis` (rented by
+default, or owned) among those no class of which is worse than production's by more than `--slack-pp` in any market.
 
     python benchmarks/guard_fit.py --out benchmarks/results/guard_fit_week_before.json
     python benchmarks/guard_fit.py --year 2022 --source window --out benchmarks/results/guard_fit_2022_windows.json
@@ -34,6 +34,7 @@ import numpy as np
 
 from optimizer.registry import create
 from optimizer.scale_guard import GuardInputs, ScaleGuard
+from schemas.cost import COST_BASES
 from schemas.fleet import default_fleet
 from streams.replay.branching import live_replicas, noise_shifts
 from streams.replay.driver import run_replay
@@ -123,9 +124,11 @@ def table(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
             for s, by in out.items()}  # fmt: skip
 
 
-def choose(tab: dict[str, dict[str, dict[str, float]]], slack_pp: float) -> str | None:
-    """The setting with the highest mean rented gain over the markets, no class worse by more than `slack_pp`."""
-    ok = {s: float(np.mean([v["gp"] for v in by.values()])) for s, by in tab.items()
+def choose(tab: dict[str, dict[str, dict[str, float]]], slack_pp: float, basis: str = "rented") -> str | None:
+    """The setting with the highest mean gain over the markets on `basis` ("rented" or "owned"), no class worse by
+    more than `slack_pp`."""
+    key = "gp" if basis == "rented" else "gp_owned"
+    ok = {s: float(np.mean([v[key] for v in by.values()])) for s, by in tab.items()
           if all(v[c] <= slack_pp for v in by.values() for c in CLASSES)}  # fmt: skip
     return max(ok, key=ok.__getitem__) if ok else None
 
@@ -148,6 +151,7 @@ def main() -> None:
     ap.add_argument("--growths", default="1.0,1.5")
     ap.add_argument("--targets", default="0.6,0.7,0.8")
     ap.add_argument("--backlogs", default="0,1", help="the backlog term off (0) and on (1)")
+    ap.add_argument("--basis", choices=COST_BASES, default="rented", help="the cost basis the setting is chosen on")
     ap.add_argument("--slack-pp", type=float, default=0.1, help="a class may be worse than production's by (pp)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None)
@@ -166,8 +170,8 @@ def main() -> None:
     for s, by in tab.items():
         print(f"{s:<30}" + "".join(f"{by[m]['gp'] * 100:>+10.1f}%{by[m]['gp_owned'] * 100:>+6.1f}%"
                                    f"{by[m]['chat']:>+7.2f}{by[m]['code']:>+7.2f}" for m in markets))  # fmt: skip
-    chosen = choose(tab, args.slack_pp)
-    print(f"chosen: {chosen} ({time.perf_counter() - t0:.0f} s)")
+    chosen = choose(tab, args.slack_pp, args.basis)
+    print(f"chosen ({args.basis}): {chosen} ({time.perf_counter() - t0:.0f} s)")
     if args.out:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(args.out, "w") as f:

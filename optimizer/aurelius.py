@@ -33,7 +33,7 @@ import polars as pl
 from forecasting.bundle import MissingInputError
 from optimizer.audit_grid import audit_grid, grid_size, run_audit
 from optimizer.baselines.tuned import with_precision
-from optimizer.candidates import GPU_RATE_USD_H, GenerationInputs, generate
+from optimizer.candidates import GenerationInputs, generate
 from optimizer.decision_record import build_record
 from optimizer.deferral_lp import DeferralSchedule, plan_deferral, risk_adjusted_price
 from optimizer.fallback import (
@@ -54,6 +54,7 @@ from optimizer.ramp import RampLine, ramp_lines
 from optimizer.registry import create, register
 from optimizer.scale_guard import GuardInputs, ScaleGuard
 from optimizer.search import LEVER_STAGES, SearchConfig, SearchResult, search
+from schemas.cost import marginal_gpu_usd_per_h
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
@@ -123,6 +124,9 @@ class AureliusPolicy(Policy):
         plan where the GPU allows them; None keeps the reference's own. The forward model does not decide
         precision: its measured error on a precision switch (the lever margins, 0.47-0.64 of gp/$) is larger
         than any gain it predicts, so the switch is taken from a ground-truth measurement instead.
+    cost_basis : the operator's cost basis, "rented" (GPU-hours held at the rental rate + energy) or "owned" (the
+        whole fleet paid for, capacity held costs its energy): what the objective counts, the price the capacity
+        sizing and the deferral LP put on a GPU-hour, and the guard's fitted target (schemas/cost.py).
     """
 
     name = "aurelius"
@@ -137,7 +141,7 @@ class AureliusPolicy(Policy):
                  clock_levels: int = 1, floor_release: bool = False, site_placement: bool = False,
                  horizon: HorizonSpec | None = None, ablate: frozenset[str] = frozenset(),
                  guard: ScaleGuard | None = ScaleGuard(),
-                 reference_precision: tuple[str, str] | None = None) -> None:
+                 reference_precision: tuple[str, str] | None = None, cost_basis: str = "rented") -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         if not ablate <= FAMILY_FIELDS.keys():
@@ -160,7 +164,9 @@ class AureliusPolicy(Policy):
         self.site_placement = site_placement
         self.horizon = horizon
         self.ablate = frozenset(ablate)
-        self.guard = guard
+        self.cost_basis = cost_basis
+        self._gpu_usd_per_gpu_h = marginal_gpu_usd_per_h(cost_basis)  # raises on an unknown basis
+        self.guard = replace(guard, cost_basis=cost_basis) if guard is not None else None
         self.reference_precision = reference_precision
         self.margins = load_margins("one_period" if horizon is None else "horizon")
         self.gate_config = gate_config or GateConfig()
@@ -290,7 +296,7 @@ class AureliusPolicy(Policy):
         minute counts where they climbed) over this period and the next
         (count): a replica started now serves from the next period on (the cold start outlasts a period)."""
         assert self.world_model is not None and self.guard is not None
-        plan = replace(ref_plan, autoscale_target=self.guard.target)
+        plan = replace(ref_plan, autoscale_target=self.guard.utilization_target)
         need: dict[tuple[str, str, str], int] = {}
         before = (self._last_forecast, *forecasts[:1])  # each period's forecast before it: the ramp's base
         for f, previous in zip(forecasts[:2], before, strict=False):
@@ -343,7 +349,7 @@ class AureliusPolicy(Policy):
         """The record's policy keys: CPU time of this decision (robust to a shared machine), config, reference."""
         return {"decision_cpu_ms": (time.process_time() - c0) * 1e3, "mode": self.mode, "oracle": self.oracle,
                 "reference_policy": self.reference, "pareto_reference": reference.label, "seed": self.seed,
-                "scale_guard": self._guard_record(),
+                "cost_basis": self.cost_basis, "scale_guard": self._guard_record(),
                 "reference_precision": list(self.reference_precision) if self.reference_precision else None}
 
     def _guard_record(self) -> dict[str, Any] | None:
@@ -377,9 +383,9 @@ class AureliusPolicy(Policy):
         schedule = None
         if self.mode in ("full", "fixed-grid"):
             schedule = plan_deferral(forecasts, self._previous, serving, self._observed.slack_quantiles(),
-                                     risk_aversion=self.risk_aversion, gpu_usd_per_gpu_h=GPU_RATE_USD_H)
+                                     risk_aversion=self.risk_aversion, gpu_usd_per_gpu_h=self._gpu_usd_per_gpu_h)
         objective = Objective(self.risk_aversion, _future_price_ratio(forecasts, self.risk_aversion),
-                              schedule.carry_usd_per_request if schedule else None)
+                              schedule.carry_usd_per_request if schedule else None, self.cost_basis)
         tenants = self._observed.tenants()
         space = _hold_ablated(self._space(ref_plan, tenants, schedule), ref_plan, self.ablate)
         gctx = GateContext(self._ctx.fleet, forecasts[0], self._previous, tenants, serving)
@@ -449,7 +455,7 @@ class AureliusPolicy(Policy):
             swap_budget=self.gate_config.swap_budget, risk_aversion=self.risk_aversion,
             deferrable_release_rps=schedule.release[0] / forecasts[0].period_s if schedule else None,
             serving=serving, current_replicas=self.world_model.replicas(as_of),
-            site_placement=self.site_placement,
+            site_placement=self.site_placement, gpu_usd_per_gpu_h=self._gpu_usd_per_gpu_h,
         )
         return generate(inp, self.mode)
 

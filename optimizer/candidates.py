@@ -28,17 +28,15 @@ from optimizer.deferral_lp import risk_adjusted_price
 from optimizer.lever_spread import lever_spread
 from optimizer.levers import LeverSpace, PoolLevers, plan_key
 from optimizer.replica_capacity import idle_power_w, kv_sequences, replica_power_w, replica_rps
-from schemas.cost import CostConfig
+from schemas.cost import CostConfig, marginal_gpu_usd_per_h
 from schemas.fleet import GPUS_PER_NODE, FleetSpec, GpuType
 from schemas.forecast import DisturbanceForecast
 from schemas.plan import BatchAdmission, Plan, PoolPlan
 from worldmodel.period_cost import market_price
 from worldmodel.servingmodel import ServingModel
 
-_COST = CostConfig()
-#: Rented GPU-hour rates ($/h) and PUE: the operator cost model's values (schemas/cost.py, tagged modeled).
-GPU_RATE_USD_H: dict[str, float] = {gpu: t.value for gpu, t in _COST.rented_usd_per_gpu_h.items()}
-PUE: float = _COST.pue.value
+#: PUE: the operator cost model's value (schemas/cost.py, tagged modeled).
+PUE: float = CostConfig().pue.value
 
 
 @dataclass(frozen=True)
@@ -80,6 +78,8 @@ class GenerationInputs:
         releases this period (requests/s); None sizes for its forecast arrivals as they come.
     current_replicas : warm + loading replicas per pool now (count; empty when unknown).
     site_placement : with several sites, also propose every plan placed (`_placed`).
+    gpu_usd_per_gpu_h : what a GPU held warm costs beyond its energy per type ($/GPU-hour, the cost basis's
+        `schemas.cost.marginal_gpu_usd_per_h`): the capacity sizing's replica cost.
     """
 
     fleet: FleetSpec
@@ -97,6 +97,7 @@ class GenerationInputs:
     serving: ServingModel = field(default_factory=ServingModel)
     current_replicas: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     site_placement: bool = False
+    gpu_usd_per_gpu_h: Mapping[str, float] = field(default_factory=lambda: marginal_gpu_usd_per_h("rented"))
 
 
 def read_regime(inp: GenerationInputs) -> Regime:
@@ -285,7 +286,7 @@ def _milp_plan(
         power = replica_power_w(inp.serving, q, target_u)
         rps = replica_rps(inp.serving, q, inp_t, out_t, inp.tpot_slo_s.get(p.model))
         added_w = replica_power_w(inp.serving, q, 1.0) - q.tp * idle_power_w(q.gpu)
-        cost_usd_h = q.tp * GPU_RATE_USD_H[p.gpu] + power * PUE * prices[p.site] / 1e6
+        cost_usd_h = q.tp * inp.gpu_usd_per_gpu_h[p.gpu] + power * PUE * prices[p.site] / 1e6
         sizing.append(
             SizingPool(p.key, q.tp, rps, added_w, cost_usd_h, was.replica_floor if was else 0, lv.max_replicas)
         )

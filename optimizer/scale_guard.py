@@ -44,12 +44,17 @@ from worldmodel.snapshot import PoolKey, pool_name
 from worldmodel.transients import AUTOSCALER_WAITING_PER_REPLICA
 
 _FIT = "chosen on the week-before hours and on 2022's windows, ground-truth replays (benchmarks/guard_fit.py)"
+_FIT_OWNED = _FIT + " on the owned basis (--basis owned)"
 #: Replicas a pool may add per control period above its live count (count).
 GUARD_STEP = Tagged(1.0, "replicas/period", Provenance.MODELED, _FIT)
 #: The ceiling's growth factor on the live count (ratio; the ceiling is the larger of live + step and this).
 GUARD_GROWTH = Tagged(1.0, "ratio", Provenance.MODELED, _FIT)
-#: The autoscaler's utilization target under the guard (ratio).
+#: The autoscaler's utilization target under the guard (ratio), chosen on the rented basis.
 GUARD_TARGET = Tagged(0.7, "ratio", Provenance.MODELED, _FIT)
+#: The same, chosen on the owned basis (capacity held costs only its energy; `guard_fit.py --basis owned`).
+GUARD_TARGET_OWNED = Tagged(0.6, "ratio", Provenance.MODELED, _FIT_OWNED)
+#: The guard's target per cost basis (schemas/cost.py `COST_BASES`).
+GUARD_TARGETS: dict[str, Tagged] = {"rented": GUARD_TARGET, "owned": GUARD_TARGET_OWNED}
 
 
 @dataclass(frozen=True)
@@ -77,16 +82,34 @@ class GuardInputs:
 @dataclass(frozen=True)
 class ScaleGuard:
     """The guard's settings. step : replicas a pool may add per period (count); growth : ceiling factor on the
-    live count (ratio); target : the autoscaler's utilization target (ratio); backlog : let a backlog that
-    outlasted the last minute reach what the runtime's backlog trigger asks for it (off: the fit leaves it off,
-    and the windows replayed after it was tried did better without it; module docstring)."""
+    live count (ratio); target : the autoscaler's utilization target (ratio; None: the one fitted on
+    `cost_basis`, `GUARD_TARGETS`); backlog : let a backlog that outlasted the last minute reach what the
+    runtime's backlog trigger asks for it (off: the fit leaves it off, and the windows replayed after it was tried
+    did better without it; module docstring); cost_basis : the operator's ("rented" or "owned"; the policy sets
+    it).
+
+    >>> ScaleGuard().utilization_target, ScaleGuard(cost_basis="owned").utilization_target == GUARD_TARGET_OWNED.value
+    (0.7, True)
+    >>> ScaleGuard(target=0.8, cost_basis="owned").utilization_target
+    0.8
+    """
 
     step: int = int(GUARD_STEP.value)
     growth: float = GUARD_GROWTH.value
-    target: float = GUARD_TARGET.value
+    target: float | None = None
     backlog: bool = False
     trend: bool = True
     ramp: bool = True
+    cost_basis: str = "rented"
+
+    def __post_init__(self) -> None:
+        if self.cost_basis not in GUARD_TARGETS:
+            raise ValueError(f"cost_basis {self.cost_basis!r} not in {tuple(GUARD_TARGETS)}")
+
+    @property
+    def utilization_target(self) -> float:
+        """The autoscaler's target the guard sets (ratio): `target`, or the one fitted on the cost basis."""
+        return self.target if self.target is not None else GUARD_TARGETS[self.cost_basis].value
 
     def demand(self, f: DisturbanceForecast, previous: DisturbanceForecast | None = None,
                ramps: Mapping[tuple[str, str], RampLine] | None = None) -> DisturbanceForecast:
@@ -178,9 +201,9 @@ class ScaleGuard:
         if not inputs.live or not plan.autoscale:
             return plan
         label = f"{plan.label} +guard" if plan.label else "guard"
-        return replace(self.bound(plan, inputs), autoscale_target=self.target, label=label)
+        return replace(self.bound(plan, inputs), autoscale_target=self.utilization_target, label=label)
 
-    def as_dict(self) -> dict[str, float | bool]:
+    def as_dict(self) -> dict[str, float | bool | str]:
         """The settings, as the audit record carries them."""
-        return {"step": self.step, "growth": self.growth, "target": self.target, "backlog": self.backlog,
-                "trend": self.trend, "ramp": self.ramp}
+        return {"step": self.step, "growth": self.growth, "target": self.utilization_target, "backlog": self.backlog,
+                "trend": self.trend, "ramp": self.ramp, "cost_basis": self.cost_basis}

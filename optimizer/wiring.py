@@ -46,6 +46,7 @@ def build_policy(
     window_periods: int | None = None,
     world_state: WorldState | None = None,
     tuned: StaticConfig | None = None,
+    cost_basis: str = "rented",
     **kwargs: Any,
 ) -> Policy:
     """A ready-to-run policy by name: references via the registry, aurelius arms with the real adapters.
@@ -66,6 +67,8 @@ def build_policy(
         production-tuned runs it; the aurelius arms take its weights and KV dtype as the reference's
         (`reference_precision`) unless the arm fixes its own. None: production-tuned chooses with the forward
         model, the arms keep the reference's precision.
+    cost_basis : the operator's cost basis, "rented" or "owned" (schemas/cost.py): what the aurelius arms
+        optimize (`AureliusPolicy.cost_basis`); the references do not depend on it.
     kwargs : further `AureliusPolicy` settings (e.g. audit=False).
     """
     if name not in AURELIUS_ARMS:
@@ -86,6 +89,7 @@ def build_policy(
         reference=reference,
         seed=seed,
         forecast_provider=provider,
+        cost_basis=cost_basis,
         world_model=WorldStateModel(shared=world_state),
         **{**arm, **kwargs},
     )

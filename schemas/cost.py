@@ -21,6 +21,8 @@ import numpy as np
 from schemas.provenance import Provenance, Tagged
 
 HOURS_PER_YEAR = 8760.0
+#: The cost bases (the vocabulary's one home): `rented` charges the GPU-hours held, `owned` the whole fleet.
+COST_BASES: tuple[str, ...] = ("rented", "owned")
 _SRC = "DESIGN.md cost-model defaults"
 
 
@@ -123,6 +125,21 @@ def gpu_cost_owned_usd(
     20.5479
     """
     return float(sum(n * horizon_h * config.owned_usd_per_gpu_h(g) for g, n in fleet_gpus_by_type.items()))
+
+
+def marginal_gpu_usd_per_h(basis: str, config: CostConfig = DEFAULT_COST) -> dict[str, float]:
+    """What holding one more GPU warm for an hour costs beyond its energy, per GPU type ($/GPU-hour), on cost basis
+    `basis` (`COST_BASES`): the rental rate on the rented basis; nothing on the owned basis, whose every GPU is
+    paid for over the horizon whether it runs or not. The planner prices capacity and held work with it.
+
+    Examples
+    --------
+    >>> marginal_gpu_usd_per_h("rented")["H100"], marginal_gpu_usd_per_h("owned")["H100"]
+    (2.5, 0.0)
+    """
+    if basis not in COST_BASES:
+        raise ValueError(f"cost basis {basis!r} not in {COST_BASES}")
+    return {g: (t.value if basis == "rented" else 0.0) for g, t in config.rented_usd_per_gpu_h.items()}
 
 
 class NonPositiveCostError(ValueError):

@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 
+from schemas.cost import COST_BASES
 from schemas.kafka_client import EXIT_CONFIG, EXIT_UNAVAILABLE, KafkaSettingsError, KafkaUnavailable
 
 MARKETS = ("PJM", "ERCOT", "CAISO")
@@ -95,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     _window_flags(p)
     p.add_argument("--policies", default="production,production-tuned,naive", help="comma-separated policies")
     p.add_argument("--seeds", default="0", help="comma-separated workload seeds")
-    p.add_argument("--cost-basis", choices=("rented", "owned"), default="rented", help="headline cost basis")
+    p.add_argument("--cost-basis", choices=COST_BASES, default="rented",
+                   help="the operator's cost basis: the headline's, and what the aurelius arms optimize")
     p.add_argument(
         "--sites", choices=("one", "three"), default="one",
         help="one: a site per market; three: one shared workload served by a site in every market (residency)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,6 +28,8 @@ class WorkerSettings(BaseSettings):
     audit_dir : Parquet audit log directory (the worker only publishes; the audit sink writes it).
     market : market the fleet's site serves.
     policy : registered policy name (schemas.policy).
+    cost_basis : the operator's cost basis, "rented" or "owned" (schemas/cost.py): what the aurelius policy
+        optimizes (AURELIUS_COST_BASIS).
     group_id : consumer group / faust app id.
     period_s : control period length (s).
     allowed_lateness_s : watermark = max event time - allowed lateness (s).
@@ -74,6 +77,7 @@ class WorkerSettings(BaseSettings):
     audit_dir: str = "audit"
     market: str = "PJM"
     policy: str = "aurelius"
+    cost_basis: Literal["rented", "owned"] = "rented"
     group_id: str = "aurelius-worker"
     period_s: float = 300.0
     allowed_lateness_s: float = 30.0

@@ -41,7 +41,8 @@ def policy_decider(settings: WorkerSettings, origin: datetime, world: WorldState
     ctx = PolicyContext(fleet=default_fleet((settings.market,)), markets=(settings.market,), window_start=origin,
                         period_s=settings.period_s, periods=0, seed=settings.seed)
     empty = pl.DataFrame()
-    policy = build_policy(settings.policy, seed=settings.seed, period_s=settings.period_s, world_state=world)
+    policy = build_policy(settings.policy, seed=settings.seed, period_s=settings.period_s, world_state=world,
+                          cost_basis=settings.cost_basis)
     return PolicyDecider(policy, ctx, History(empty, empty, empty))
 
 
@@ -75,7 +76,7 @@ def replay_setup(settings: WorkerSettings, start: datetime | None = None,
                         window_start=wl.window.start, period_s=settings.period_s,
                         periods=int(round(window_s / settings.period_s)), seed=wl.seed, sla=sla)
     policy = build_policy(settings.policy, wl, settings.seed, period_s=settings.period_s,
-                          window_periods=settings.window_periods, world_state=world)
+                          window_periods=settings.window_periods, world_state=world, cost_basis=settings.cost_basis)
     return ReplaySetup(wl.window.start, PolicyDecider(policy, ctx, wl.history))
 
 

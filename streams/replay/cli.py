@@ -505,7 +505,7 @@ def _one(
     """One replay; production-tuned runs the configuration measured best on the week before (`tuned`), the
     aurelius arms take its precision (optimizer/wiring.build_policy)."""
     policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0, window_periods=args.periods,
-                          tuned=tuned)
+                          tuned=tuned, cost_basis=args.cost_basis)
     return run_replay(
         wl,
         policy,

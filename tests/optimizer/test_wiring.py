@@ -292,6 +292,21 @@ def test_build_policy_builds_every_arm_and_reference(wl: Workload) -> None:
         build_policy("oracle", None)
 
 
+def test_the_cost_basis_reaches_the_objective_the_guard_and_the_capacity_prices(wl: Workload) -> None:
+    """`--cost-basis owned` builds arms that count the owned basis's cost, price a held GPU-hour at nothing beyond
+    its energy, and run the guard at the target fitted on that basis; an unknown basis is refused."""
+    from optimizer.scale_guard import GUARD_TARGETS
+
+    for basis in ("rented", "owned"):
+        pol = build_policy("aurelius", wl, cost_basis=basis)
+        assert pol.cost_basis == basis and pol.guard is not None and pol.guard.cost_basis == basis
+        assert pol.guard.utilization_target == GUARD_TARGETS[basis].value
+        assert (pol._gpu_usd_per_gpu_h["H100"] > 0) == (basis == "rented")
+    assert build_policy("aurelius-no-guard", wl, cost_basis="owned").guard is None
+    with pytest.raises(ValueError):
+        build_policy("aurelius", wl, cost_basis="leased")
+
+
 def test_the_committed_plan_bounds_the_autoscaler_by_the_live_fleet(records: dict[int, dict]) -> None:
     """Once the fleet has been observed every committed plan (fallback or not) carries the scale-up guard: each
     pool's ceiling at most its live replicas + the step or the forecast's need (never below its floor), the
