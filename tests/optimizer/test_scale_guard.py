@@ -12,13 +12,15 @@ from schemas.fleet import default_fleet
 from streams.replay.branching import live_replicas
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.metrics import summarize
-from streams.workload.builder import build_workload
+from streams.workload.builder import Workload, build_workload
 
 pytestmark = pytest.mark.slow
 
 
-def _run(guard: ScaleGuard | None) -> RunResult:
-    wl = build_workload("ERCOT", 2023, periods=12, seed=0)  # the reference surges at periods 4-6 (70B: 9 -> 23)
+def _run(guard: ScaleGuard | None, wl: Workload | None = None) -> RunResult:
+    """Production's plan under `guard` on `wl` (default: ERCOT 2023's default window, 12 periods: the reference
+    surges at periods 4-6, 70B: 9 -> 23)."""
+    wl = wl or build_workload("ERCOT", 2023, periods=12, seed=0)
     return run_replay(wl, create("production"), default_fleet(), period_s=300.0,
                       intercept=lambda k, run, plan: (guard.apply(plan, GuardInputs(live_replicas(run))) if guard
                                                       else plan))
@@ -32,13 +34,16 @@ def test_the_guard_serves_a_surging_hour_cheaper_and_no_worse() -> None:
         assert guarded["classes"][c]["sla_violation_rate"] <= v["sla_violation_rate"] + 1e-3, c
 
 
+
 def test_on_the_owned_basis_the_guard_holds_more_and_serves_more_per_owned_dollar() -> None:
     """Capacity held costs only its energy on the owned basis, so the guard's target fitted there
-    (`GUARD_TARGETS["owned"]`) holds a larger fleet: on the surging hour it meets more requests, no class
-    misses its SLA more often, and the owned gp/$ is higher than under the rented basis's target."""
-    rented, owned = summarize(_run(ScaleGuard())), summarize(_run(ScaleGuard(cost_basis="owned")))
-    assert owned["gpu_hours"] > rented["gpu_hours"]
-    assert owned["sla_met"] > rented["sla_met"]
-    assert owned["gp_per_dollar_owned"] > rented["gp_per_dollar_owned"]
+    (`GUARD_TARGETS["owned"]`) holds a larger fleet: on a median-price hour (PJM 2022, the fit's year) it meets
+    more requests, no class misses its SLA more often, and the owned gp/$ is higher than under the rented
+    basis's target (781.8 against 724.9; at a price spike the larger fleet's energy can outweigh that)."""
+    wl = build_workload("PJM", 2022, rule="median", periods=12, seed=0)
+    rented, owned = summarize(_run(ScaleGuard(), wl)), summarize(_run(ScaleGuard(cost_basis="owned"), wl))
+    assert owned["gpu_hours"] > rented["gpu_hours"]  # 115.5 against 108.6 GPU-hours
+    assert owned["sla_met"] > 1.05 * rented["sla_met"]  # 198,481 against 183,733
+    assert owned["gp_per_dollar_owned"] > 1.05 * rented["gp_per_dollar_owned"]
     for c, v in rented["classes"].items():
         assert owned["classes"][c]["sla_violation_rate"] <= v["sla_violation_rate"] + 1e-3, c

@@ -337,3 +337,26 @@ def test_the_week_before_tuning_sets_the_reference_precision(wl: Workload) -> No
     assert build_policy("aurelius-own-precision", wl, tuned=tuned).reference_precision is None
     assert build_policy("aurelius", wl).reference_precision is None
     assert build_policy("production-tuned", wl, tuned=tuned).config == tuned
+
+
+def test_the_replays_cost_basis_flag_reaches_the_arms(wl: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`aurelius replay --cost-basis owned` builds every policy of the job with the owned basis (the references
+    ignore it; the arms optimize it), not only the headline's."""
+    from streams.cli import build_parser
+    from streams.replay import cli
+
+    seen: dict[str, object] = {}
+
+    class Built(Exception):
+        pass
+
+    def capture(name: str, *a: object, **kw: object) -> None:
+        seen.update(kw)
+        raise Built
+
+    monkeypatch.setattr(cli, "build_policy", capture)
+    for basis in ("owned", "rented"):
+        args = build_parser().parse_args(["replay", "--cost-basis", basis])
+        with pytest.raises(Built):
+            cli._one(wl, "aurelius", None, args, None, "PJM", 0, False, None, {})
+        assert seen["cost_basis"] == basis
