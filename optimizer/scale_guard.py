@@ -27,6 +27,13 @@ gives the table). The backlog term (`backlog`) was tried after CAISO's 2023 defa
 mid-way) raised chat violations by 6.3 pp: it mends that window, but costs 2-5 pp of gain on the fit data, which
 leaves it off, and did worse on the windows replayed after it (median PJM, held-out 2024 CAISO); it is off
 (docs/optimizer.md has both sets of figures).
+
+The target depends on the operator's cost basis (`cost_basis`, the policy's). On the owned basis the fleet is paid
+for whether it runs or not, so a replica held warm costs only its energy; the same fit, choosing on the owned
+basis (`guard_fit.py --basis owned`, targets 0.4-0.7 at step 1, growth 1), picks 0.6 on the week-before hours
+(+9.7% mean owned gp/$ against 0.7's +7.4%) and 0.7 on 2022's windows (+9.2% against 0.6's +7.9%); pooled over
+the two, 0.6 (+8.8% against +8.3%), a thin margin. At a price spike the larger fleet's energy can cost more than
+the requests it saves.
 """
 
 from __future__ import annotations

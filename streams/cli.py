@@ -183,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--audit-dir", default="audit", help="Parquet audit log directory")
     p.add_argument("--market", default="PJM")
     p.add_argument("--policy", default="aurelius")
+    p.add_argument("--cost-basis", choices=COST_BASES, default=None,
+                   help="the operator's cost basis the policy optimizes (default rented)")
     p.add_argument("--topic-prefix", default="aurelius.", help="prefix of every topic name")
     p.add_argument("--field-map", default=None, help="TOML field mapping for foreign producers")
     p.add_argument("--period-s", type=float, default=None, help="control period length (s; default 300)")

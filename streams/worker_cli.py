@@ -139,7 +139,7 @@ def serve(settings: WorkerSettings, decider_factory: Callable[[WorkerSettings, d
 
 #: Flags of `aurelius worker` that map onto `WorkerSettings` fields when given (None: env, then default).
 _OPTIONAL = ("period_s", "allowed_lateness_s", "group_id", "field_map", "history_from_replay", "year",
-             "window_rule", "seed")
+             "window_rule", "seed", "cost_basis")
 
 
 def settings_from_args(args: argparse.Namespace) -> WorkerSettings:

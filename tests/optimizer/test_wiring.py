@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, timedelta
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -360,3 +361,21 @@ def test_the_replays_cost_basis_flag_reaches_the_arms(wl: Workload, monkeypatch:
         with pytest.raises(Built):
             cli._one(wl, "aurelius", None, args, None, "PJM", 0, False, None, {})
         assert seen["cost_basis"] == basis
+
+
+def test_the_workers_cost_basis_reaches_its_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`aurelius worker --cost-basis owned` (or env AURELIUS_COST_BASIS) builds the worker's policy on that basis;
+    without either it is rented."""
+    from datetime import datetime
+
+    from streams.cli import build_parser
+    from streams.worker_cli import policy_decider, settings_from_args
+    from worldmodel.state import WorldState
+
+    world = WorldState.open(tmp_path / "state.duckdb")
+    origin = datetime(2023, 8, 17, tzinfo=UTC)
+    flag = settings_from_args(build_parser().parse_args(["worker", "--cost-basis", "owned"]))
+    assert policy_decider(flag, origin, world).policy.cost_basis == "owned"
+    assert settings_from_args(build_parser().parse_args(["worker"])).cost_basis == "rented"
+    monkeypatch.setenv("AURELIUS_COST_BASIS", "owned")
+    assert settings_from_args(build_parser().parse_args(["worker"])).cost_basis == "owned"
