@@ -27,6 +27,7 @@ from optimizer.capacity_milp import SizingPool, size_capacity
 from optimizer.deferral_lp import risk_adjusted_price
 from optimizer.lever_spread import lever_spread
 from optimizer.levers import LeverSpace, PoolLevers, plan_key
+from optimizer.price_regime import CHEAP_PERCENTILE, EXPENSIVE_PERCENTILE, price_percentile
 from optimizer.replica_capacity import idle_power_w, kv_sequences, replica_power_w, replica_rps
 from schemas.cost import CostConfig, marginal_gpu_usd_per_h
 from schemas.fleet import GPUS_PER_NODE, FleetSpec, GpuType
@@ -58,11 +59,11 @@ class Regime:
 
     @property
     def expensive(self) -> bool:
-        return self.price_percentile >= 0.75
+        return self.price_percentile >= EXPENSIVE_PERCENTILE
 
     @property
     def cheap(self) -> bool:
-        return self.price_percentile <= 0.25
+        return self.price_percentile <= CHEAP_PERCENTILE
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,7 @@ def read_regime(inp: GenerationInputs) -> Regime:
     """Summarise price level and trend, load vs capacity, KV pressure and confidence."""
     now = inp.forecasts[0]
     p_now = risk_adjusted_price(now.price_usd_mwh, inp.risk_aversion)
-    hist = np.asarray(inp.price_history_usd_mwh, dtype=float)
-    pct = float((hist <= p_now).mean()) if hist.size else 0.5
+    pct = price_percentile(p_now, inp.price_history_usd_mwh)
     ahead = [risk_adjusted_price(f.price_usd_mwh, inp.risk_aversion) for f in inp.forecasts]
     trend = float(np.mean(ahead)) / p_now - 1.0 if abs(p_now) > 1e-9 else 0.0
     demand = _demand_by_model(now, "hi80")
