@@ -33,10 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.price_regime import EXPENSIVE_PERCENTILE, price_percentile
 from optimizer.registry import create
 from optimizer.scale_guard import GuardInputs, ScaleGuard
-from schemas.cost import COST_BASES
+from schemas.cost import COST_BASES, energy_breakeven_usd_mwh
 from schemas.fleet import default_fleet
 from streams.replay.branching import live_replicas, noise_shifts
 from streams.replay.driver import run_replay
@@ -76,33 +75,33 @@ def waiting(run: Any, window_s: float = 60.0) -> dict[tuple[str, str, str], floa
     return {key: float(sums[p]) for p, key in enumerate(rt.pool_keys)}
 
 
-def period_percentiles(wl: Workload, period_s: float = 300.0) -> list[float]:
-    """Per period of `wl`, where its hour's published (day-ahead) price sits among the prices of the week before
-    it (optimizer/price_regime.py), as the planner reads it at the period's decision."""
+def period_prices(wl: Workload, period_s: float = 300.0) -> list[float | None]:
+    """Per period of `wl` (and 24 h of drain), its hour's published (day-ahead) price ($/MWh; None: none
+    published), as the planner's forecast carries it at the period's decision."""
     p = wl.prices.sort("interval_start")
-    starts, prices = p["interval_start"].to_list(), p["lmp_usd_mwh"].to_numpy()
-    out = []
+    starts, prices = p["interval_start"].to_list(), p["lmp_usd_mwh"].to_list()
     n = int(np.ceil(wl.requests["arrival_s"].max() / period_s)) + 1 if wl.requests.height else 0
-    for k in range(n + 24):
+    out: list[float | None] = []
+    for k in range(n + 24 * 12):
         t = wl.window.start + timedelta(seconds=k * period_s)
         now = [v for s, v in zip(starts, prices, strict=True) if s <= t < s + timedelta(hours=1)]
-        past = [v for s, v in zip(starts, prices, strict=True) if t - timedelta(days=7) <= s < t]
-        out.append(price_percentile(now[-1], past) if now else 0.5)
+        out.append(now[-1] if now else None)
     return out
 
 
 def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Physics,
-             expensive_target: float | None = None) -> dict[str, float]:
-    """One replay of production's plan under `guard`; with `expensive_target`, the guard's target is that in the
-    periods whose price is expensive for its week (optimizer/price_regime.py), its own elsewhere."""
-    pct = period_percentiles(wl) if expensive_target is not None else []
+             energy_target: float | None = None) -> dict[str, float]:
+    """One replay of production's plan under `guard`; with `energy_target`, the guard's target is that in the
+    periods whose price is at or above the fleet's energy break-even (`schemas.cost.energy_breakeven_usd_mwh`),
+    its own elsewhere."""
+    prices = period_prices(wl) if energy_target is not None else []
+    breakeven = energy_breakeven_usd_mwh(default_fleet().gpus_by_type())
 
     def intercept(k: int, run: Any, plan: Any) -> Any:
         if guard is None:
             return plan
-        g = guard
-        if expensive_target is not None and pct[min(k, len(pct) - 1)] >= EXPENSIVE_PERCENTILE:
-            g = replace(guard, target=expensive_target)
+        price = prices[min(k, len(prices) - 1)] if prices else None
+        g = guard if price is None or price < breakeven else replace(guard, target=energy_target)
         return g.apply(plan, GuardInputs(live_replicas(run), {}, waiting(run)))
 
     run = run_replay(wl, create("production"), default_fleet(), period_s=300.0, physics=physics,
@@ -131,9 +130,9 @@ def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], 
         for setting in [None, *grid]:
             guard = None if setting is None else ScaleGuard(step=setting[0], growth=setting[1], target=setting[2],
                                                             backlog=bool(setting[3]))
-            expensive = setting[4] if setting is not None and len(setting) > 4 else None
+            energy = setting[4] if setting is not None and len(setting) > 4 else None
             rows.append({"market": market, "seed": seed, "replicate": r, "setting": setting,
-                         **_figures(noisy, initial, guard, physics, expensive)})  # fmt: skip
+                         **_figures(noisy, initial, guard, physics, energy)})  # fmt: skip
     return rows
 
 
@@ -164,7 +163,7 @@ def choose(tab: dict[str, dict[str, dict[str, float]]], slack_pp: float, basis: 
 def _name(setting: tuple[int, float, float, int] | tuple[int, float, float, int, float] | list) -> str:
     step, growth, target, backlog = setting[:4]
     name = f"step{step}-growth{growth:g}-target{target:g}" + ("-backlog" if backlog else "")
-    return name + (f"-expensive{setting[4]:g}" if len(setting) > 4 else "")
+    return name + (f"-above-breakeven{setting[4]:g}" if len(setting) > 4 else "")
 
 
 def main() -> None:
@@ -180,9 +179,9 @@ def main() -> None:
     ap.add_argument("--growths", default="1.0,1.5")
     ap.add_argument("--targets", default="0.6,0.7,0.8")
     ap.add_argument("--backlogs", default="0,1", help="the backlog term off (0) and on (1)")
-    ap.add_argument("--expensive-targets", default="",
-                    help="also each setting with its target replaced by each of these in expensive periods (the "
-                         "price rule: the period's price at or above the week's 75th percentile)")
+    ap.add_argument("--energy-targets", default="",
+                    help="also each setting with its target replaced by each of these in the periods whose price is "
+                         "at or above the fleet's energy break-even (schemas.cost.energy_breakeven_usd_mwh)")
     ap.add_argument("--basis", choices=COST_BASES, default="rented", help="the cost basis the setting is chosen on")
     ap.add_argument("--slack-pp", type=float, default=0.1, help="a class may be worse than production's by (pp)")
     ap.add_argument("--jobs", type=int, default=2)
@@ -191,7 +190,7 @@ def main() -> None:
     grid = list(itertools.product([int(s) for s in args.steps.split(",")], [float(g) for g in args.growths.split(",")],
                                   [float(t) for t in args.targets.split(",")],
                                   [int(b) for b in args.backlogs.split(",")]))  # fmt: skip
-    grid += [(*g, float(e)) for g in list(grid) for e in args.expensive_targets.split(",") if e]
+    grid += [(*g, float(e)) for g in list(grid) for e in args.energy_targets.split(",") if e]
     jobs = [(m, int(s), args.periods, args.replicates, grid, args.year, args.source) for m in args.markets.split(",")
             for s in args.seeds.split(",")]  # fmt: skip
     t0 = time.perf_counter()

@@ -54,7 +54,7 @@ from optimizer.ramp import RampLine, ramp_lines
 from optimizer.registry import create, register
 from optimizer.scale_guard import GuardInputs, ScaleGuard
 from optimizer.search import LEVER_STAGES, SearchConfig, SearchResult, search
-from schemas.cost import marginal_gpu_usd_per_h
+from schemas.cost import energy_breakeven_usd_mwh, marginal_gpu_usd_per_h
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
@@ -284,19 +284,23 @@ class AureliusPolicy(Policy):
             return ref_plan
         live = self.world_model.replicas(as_of)
         if live:
-            self._guard_inputs = GuardInputs(live, self._forecast_need(as_of, ref_plan, forecasts),
-                                             self.world_model.waiting(as_of))
+            assert self._ctx is not None
+            price = GuardInputs(price_usd_mwh=forecasts[0].price_usd_mwh.point,
+                                breakeven_usd_mwh=energy_breakeven_usd_mwh(self._ctx.fleet.gpus_by_type()))
+            need = self._forecast_need(as_of, ref_plan, forecasts, self.guard.target_at(price))
+            self._guard_inputs = replace(price, live=live, need=need, waiting=self.world_model.waiting(as_of))
         return self.guard.apply(ref_plan, self._guard_inputs)
 
-    def _forecast_need(self, as_of: datetime, ref_plan: Plan,
-                       forecasts: tuple[DisturbanceForecast, ...]) -> dict[tuple[str, str, str], int]:
+    def _forecast_need(self, as_of: datetime, ref_plan: Plan, forecasts: tuple[DisturbanceForecast, ...],
+                       target: float) -> dict[tuple[str, str, str], int]:
         """Per pool, the most replicas the forward model predicts the reference's autoscaler (at the guard's target,
         no ceiling but the inventory) places at the guard's demand (`ScaleGuard.demand`: the forecast's 80% upper
         bound, its point carried on by its rise since the period before, or the line through the last period's
         minute counts where they climbed) over this period and the next
-        (count): a replica started now serves from the next period on (the cold start outlasts a period)."""
+        (count): a replica started now serves from the next period on (the cold start outlasts a period).
+        target : the autoscaler's target the guard sets this period (ratio)."""
         assert self.world_model is not None and self.guard is not None
-        plan = replace(ref_plan, autoscale_target=self.guard.utilization_target)
+        plan = replace(ref_plan, autoscale_target=target)
         need: dict[tuple[str, str, str], int] = {}
         before = (self._last_forecast, *forecasts[:1])  # each period's forecast before it: the ramp's base
         for f, previous in zip(forecasts[:2], before, strict=False):
@@ -360,7 +364,8 @@ class AureliusPolicy(Policy):
             return None
         ramps = {f"{c}/{m}": {"level": round(r.level, 3), "slope": round(r.slope, 5)}
                  for (c, m), r in sorted(self._ramps.items())}  # fmt: skip
-        return {**self.guard.as_dict(), **self._guard_inputs.as_dict(), "ramps": ramps}
+        return {**self.guard.as_dict(), **self._guard_inputs.as_dict(), "ramps": ramps,
+                "target": self.guard.target_at(self._guard_inputs)}
 
     def _planned(self, as_of: datetime, period_index: int, ref_plan: Plan, t0: float, c0: float,
                  forecasts: tuple[DisturbanceForecast, ...], other_refs: tuple[Plan, ...],

@@ -1,4 +1,4 @@
-"""Where a period's energy price sits in the recent past: the price regime the candidates and the guard read.
+"""Where a period's energy price sits in the recent past: the price regime candidate generation reads.
 
 A period is expensive when its price is at or above `EXPENSIVE_PERCENTILE` of the prices published for the past
 week, cheap at or below `CHEAP_PERCENTILE` (conventions: the quartiles).

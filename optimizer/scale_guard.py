@@ -74,16 +74,26 @@ class GuardInputs:
     live: Mapping[PoolKey, int] = field(default_factory=dict)
     need: Mapping[PoolKey, int] = field(default_factory=dict)
     waiting: Mapping[PoolKey, float] = field(default_factory=dict)
+    price_usd_mwh: float | None = None
+    breakeven_usd_mwh: float | None = None
 
-    def as_dict(self) -> dict[str, dict[str, float]]:
+    @property
+    def energy_dominates(self) -> bool:
+        """Whether the period's price is at or above the break-even (False when either is unknown)."""
+        return (self.price_usd_mwh is not None and self.breakeven_usd_mwh is not None
+                and self.price_usd_mwh >= self.breakeven_usd_mwh)
+
+    def as_dict(self) -> dict[str, dict[str, float] | float | None]:
         """The inputs keyed "site/model/gpu", as the audit record carries them.
 
         >>> GuardInputs({("s", "m", "H100"): 9}, {}, {("s", "m", "H100"): 1.23456}).as_dict()
-        {'live': {'s/m/H100': 9}, 'need': {}, 'waiting': {'s/m/H100': 1.235}}
+        {'live': {'s/m/H100': 9}, 'need': {}, 'waiting': {'s/m/H100': 1.235}, 'price_usd_mwh': None, \
+'breakeven_usd_mwh': None}
         """
         return {"live": {pool_name(k): n for k, n in sorted(self.live.items())},
                 "need": {pool_name(k): n for k, n in sorted(self.need.items())},
-                "waiting": {pool_name(k): round(w, 3) for k, w in sorted(self.waiting.items())}}
+                "waiting": {pool_name(k): round(w, 3) for k, w in sorted(self.waiting.items())},
+                "price_usd_mwh": self.price_usd_mwh, "breakeven_usd_mwh": self.breakeven_usd_mwh}
 
 
 @dataclass(frozen=True)
@@ -95,9 +105,12 @@ class ScaleGuard:
     did better without it; module docstring); cost_basis : the operator's ("rented" or "owned"; the policy sets
     it).
 
-    >>> ScaleGuard().utilization_target, ScaleGuard(cost_basis="owned").utilization_target == GUARD_TARGET_OWNED.value
-    (0.7, True)
-    >>> ScaleGuard(target=0.8, cost_basis="owned").utilization_target
+    >>> owned = ScaleGuard(cost_basis="owned")
+    >>> cheap, spike = GuardInputs(price_usd_mwh=30.0, breakeven_usd_mwh=700.0), GuardInputs(price_usd_mwh=4000.0,
+    ...                                                                                    breakeven_usd_mwh=700.0)
+    >>> ScaleGuard().target_at(cheap), owned.target_at(cheap) == GUARD_TARGET_OWNED.value, owned.target_at(spike)
+    (0.7, True, 0.7)
+    >>> ScaleGuard(target=0.8, cost_basis="owned").target_at(cheap)
     0.8
     """
 
@@ -113,10 +126,16 @@ class ScaleGuard:
         if self.cost_basis not in GUARD_TARGETS:
             raise ValueError(f"cost_basis {self.cost_basis!r} not in {tuple(GUARD_TARGETS)}")
 
-    @property
-    def utilization_target(self) -> float:
-        """The autoscaler's target the guard sets (ratio): `target`, or the one fitted on the cost basis."""
-        return self.target if self.target is not None else GUARD_TARGETS[self.cost_basis].value
+    def target_at(self, inputs: GuardInputs | None = None) -> float:
+        """The autoscaler's target the guard sets (ratio): `target` when given; else the one fitted on the cost
+        basis, but the rented basis's in a period whose price is at or above the fleet's energy break-even
+        (`GuardInputs.energy_dominates`): there a held GPU's energy costs more than its capital, as its rent does
+        on the rented basis."""
+        if self.target is not None:
+            return self.target
+        if inputs is not None and inputs.energy_dominates:
+            return GUARD_TARGET.value
+        return GUARD_TARGETS[self.cost_basis].value
 
     def demand(self, f: DisturbanceForecast, previous: DisturbanceForecast | None = None,
                ramps: Mapping[tuple[str, str], RampLine] | None = None) -> DisturbanceForecast:
@@ -208,9 +227,10 @@ class ScaleGuard:
         if not inputs.live or not plan.autoscale:
             return plan
         label = f"{plan.label} +guard" if plan.label else "guard"
-        return replace(self.bound(plan, inputs), autoscale_target=self.utilization_target, label=label)
+        return replace(self.bound(plan, inputs), autoscale_target=self.target_at(inputs),
+                       label=label)
 
-    def as_dict(self) -> dict[str, float | bool | str]:
-        """The settings, as the audit record carries them."""
-        return {"step": self.step, "growth": self.growth, "target": self.utilization_target, "backlog": self.backlog,
+    def as_dict(self) -> dict[str, float | bool | str | None]:
+        """The settings, as the audit record carries them (`target` None: the fitted one, `target_at`)."""
+        return {"step": self.step, "growth": self.growth, "target": self.target, "backlog": self.backlog,
                 "trend": self.trend, "ramp": self.ramp, "cost_basis": self.cost_basis}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from schemas.fleet import GPUS_PER_NODE, NODE_PEAK_W, GpuType
 from schemas.provenance import Provenance, Tagged
 
 HOURS_PER_YEAR = 8760.0
@@ -140,6 +141,21 @@ def marginal_gpu_usd_per_h(basis: str, config: CostConfig = DEFAULT_COST) -> dic
     if basis not in COST_BASES:
         raise ValueError(f"cost basis {basis!r} not in {COST_BASES}")
     return {g: (t.value if basis == "rented" else 0.0) for g, t in config.rented_usd_per_gpu_h.items()}
+
+
+def energy_breakeven_usd_mwh(gpus_by_type: dict[str, int], config: CostConfig = DEFAULT_COST) -> float:
+    """The energy price ($/MWh) at which the fleet `gpus_by_type` (count per GPU type) drawing its full power
+    (`schemas.fleet.NODE_PEAK_W` per 8 GPUs, x PUE) for an hour costs as much in energy as its amortized owned
+    price for that hour: below it the fleet's capital dominates what a held GPU costs, above it its energy.
+
+    Examples
+    --------
+    >>> round(energy_breakeven_usd_mwh({"H100": 8}), 1), round(energy_breakeven_usd_mwh({"A100": 8}), 1)
+    (719.5, 645.0)
+    """
+    kw = sum(n * NODE_PEAK_W[GpuType(g)] / GPUS_PER_NODE / 1000.0 for g, n in gpus_by_type.items())
+    usd_h = sum(n * config.owned_usd_per_gpu_h(g) for g, n in gpus_by_type.items())
+    return usd_h / (kw * config.pue.value) * 1000.0 if kw > 0 else float("inf")
 
 
 class NonPositiveCostError(ValueError):

@@ -143,6 +143,13 @@ class FleetSpec:
         """GPUs per (site name, gpu type) (count)."""
         return {(s.name, str(g.gpu)): s.gpus(g.gpu) for s in self.sites for g in s.groups}
 
+    def gpus_by_type(self) -> dict[str, int]:
+        """GPUs per gpu type over every site (count)."""
+        out: dict[str, int] = {}
+        for (_, gpu), n in self.inventory().items():
+            out[gpu] = out.get(gpu, 0) + n
+        return out
+
 
 #: Tensor parallelism per model (GPUs per replica) by GPU type.
 DEFAULT_TP: dict[tuple[str, GpuType], int] = {

@@ -301,7 +301,7 @@ def test_the_cost_basis_reaches_the_objective_the_guard_and_the_capacity_prices(
     for basis in ("rented", "owned"):
         pol = build_policy("aurelius", wl, cost_basis=basis)
         assert pol.cost_basis == basis and pol.guard is not None and pol.guard.cost_basis == basis
-        assert pol.guard.utilization_target == GUARD_TARGETS[basis].value
+        assert pol.guard.target_at() == GUARD_TARGETS[basis].value
         assert (pol._gpu_usd_per_gpu_h["H100"] > 0) == (basis == "rented")
     assert build_policy("aurelius-no-guard", wl, cost_basis="owned").guard is None
     with pytest.raises(ValueError):
