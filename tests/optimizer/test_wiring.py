@@ -379,3 +379,25 @@ def test_the_workers_cost_basis_reaches_its_policy(tmp_path: Path, monkeypatch: 
     assert settings_from_args(build_parser().parse_args(["worker"])).cost_basis == "rented"
     monkeypatch.setenv("AURELIUS_COST_BASIS", "owned")
     assert settings_from_args(build_parser().parse_args(["worker"])).cost_basis == "owned"
+
+
+def test_the_owned_guard_takes_the_rented_target_where_energy_outweighs_capital(
+        wl: Workload, stream, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The owned-basis arm's guard reads each period's forecast price against the fleet's energy break-even: PJM's
+    window ($338-432/MWh) lies under the default fleet's 692.8, so the owned target (0.6) is committed; with the
+    break-even put under the price the rented basis's (0.7) is, and the record says why."""
+    import optimizer.aurelius as aurelius_module
+    from optimizer.scale_guard import GUARD_TARGET, GUARD_TARGET_OWNED
+
+    ctx, history, obs = stream
+    for breakeven, target in ((None, GUARD_TARGET_OWNED.value), (100.0, GUARD_TARGET.value)):
+        if breakeven is not None:
+            monkeypatch.setattr(aurelius_module, "energy_breakeven_usd_mwh", lambda gpus, b=breakeven: b)
+        recs = drive(aurelius(wl, cost_basis="owned"), ctx, history, obs)
+        guarded = [r for r in recs.values() if r["scale_guard"]["live"]]
+        assert guarded and all(r["cost_basis"] == "owned" for r in recs.values())
+        for r in guarded:
+            g = r["scale_guard"]
+            assert g["price_usd_mwh"] == r["forecasts"]["price_usd_mwh"]["point"]
+            assert (g["price_usd_mwh"] >= g["breakeven_usd_mwh"]) == (breakeven is not None)
+            assert g["target"] == target == r["chosen_plan"]["autoscale_target"]
