@@ -72,7 +72,9 @@ class GuardInputs:
     """What the guard bounds a plan by, per pool (site, model, gpu), as the world model saw it at the decision.
     live : warm + loading replicas (count; empty: the fleet not observed yet, the guard stands aside); need :
     replicas the forecast says the autoscaler will want (count); waiting : sequences waiting over the last minute
-    (count)."""
+    (count); price_usd_mwh : the period's energy price as forecast, the published day-ahead price where there is
+    one ($/MWh; None: unknown); breakeven_usd_mwh : the price from which the fleet's energy at full draw costs
+    more than its amortized owned price (`schemas.cost.energy_breakeven_usd_mwh`, $/MWh)."""
 
     live: Mapping[PoolKey, int] = field(default_factory=dict)
     need: Mapping[PoolKey, int] = field(default_factory=dict)
