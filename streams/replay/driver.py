@@ -101,7 +101,7 @@ def run_replay(
     stream = ObservationStream(rt, start, sites[0].name if len(sites) == 1 else "router", prices)
     periods = int(round(window_s / period_s))
     ctx = PolicyContext(
-        fleet=fleet,
+        fleet=fleet if all_sites else FleetSpec(sites),  # the sites served: a market's run sees no other's inventory
         markets=tuple(s.market for s in sites),
         window_start=start,
         period_s=period_s,
