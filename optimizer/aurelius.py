@@ -182,11 +182,13 @@ class AureliusPolicy(Policy):
         self._guard_inputs = GuardInputs()
         self._last_forecast: DisturbanceForecast | None = None  # the last decision's forecast of its period
         self._ramps: dict[tuple[str, str], RampLine] = {}  # classes whose rate climbed inside the last period
+        self._breakeven: float | None = None  # the fleet's energy break-even ($/MWh), set at start
 
     def start(self, ctx: PolicyContext, history: History) -> Plan:
         if self.forecast_provider is None or self.world_model is None:
             raise ValueError(f"{self.name}: inject forecast_provider and world_model (optimizer.aurelius)")
         self._ctx = ctx
+        self._breakeven = energy_breakeven_usd_mwh(ctx.fleet.gpus_by_type())  # $/MWh; the fleet is fixed for the run
         if not history.prices.columns:  # an empty history without columns: the reference policies read its prices
             history = replace(history, prices=pl.DataFrame(schema=frame_schema("price")))
         self._observed = ObservedState()
@@ -284,9 +286,7 @@ class AureliusPolicy(Policy):
             return ref_plan
         live = self.world_model.replicas(as_of)
         if live:
-            assert self._ctx is not None
-            price = GuardInputs(price_usd_mwh=forecasts[0].price_usd_mwh.point,
-                                breakeven_usd_mwh=energy_breakeven_usd_mwh(self._ctx.fleet.gpus_by_type()))
+            price = GuardInputs(price_usd_mwh=forecasts[0].price_usd_mwh.point, breakeven_usd_mwh=self._breakeven)
             need = self._forecast_need(as_of, ref_plan, forecasts, self.guard.target_at(price))
             self._guard_inputs = replace(price, live=live, need=need, waiting=self.world_model.waiting(as_of))
         return self.guard.apply(ref_plan, self._guard_inputs)
