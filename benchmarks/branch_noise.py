@@ -24,33 +24,18 @@ import argparse
 import json
 import subprocess
 import time
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from optimizer.wiring import build_policy
-from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType, default_fleet
-from schemas.plan import Plan, PoolPlan
-from streams.replay.branching import branch_value
+from schemas.fleet import default_fleet
+from schemas.plan import Plan
+from streams.replay.branching import branch_value, null_variants
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.tuning import week_before
 from streams.workload.builder import build_workload
 from worldmodel.groundtruth.runtime import Physics
-
-
-def _clock_under_max(p: PoolPlan, mhz: int) -> PoolPlan:
-    return replace(p, sm_clock_mhz=SM_CLOCK_RANGE_MHZ[GpuType(p.gpu)][1] - mhz)
-
-
-def null_variants(plan: Plan) -> list[tuple[str, Plan]]:
-    """(label, plan) of the null plans around `plan` (the `noise` variant is `plan` itself, one replicate on)."""
-    pools = plan.with_pools
-    return [
-        ("clock-1mhz", pools(tuple(_clock_under_max(p, 1) for p in plan.pools))),
-        ("clock-5mhz", pools(tuple(_clock_under_max(p, 5) for p in plan.pools))),
-        ("batch+1", pools(tuple(replace(p, max_batch=p.max_batch + 1) for p in plan.pools))),
-    ]
 
 
 def measure(market: str, *, periods: int, seed: int, replicates: int) -> list[dict[str, Any]]:
@@ -68,8 +53,9 @@ def measure(market: str, *, periods: int, seed: int, replicates: int) -> list[di
             return plan
         t0 = k * 300.0
         ref = [branch_value(run, plan, plan, t0, 300.0, 2, 0.0, noise=r).gp_per_dollar for r in range(replicates + 1)]
-        variants = [(label, [branch_value(run, p, plan, t0, 300.0, 2, 0.0, noise=r).gp_per_dollar
-                             for r in range(replicates)]) for label, p in null_variants(plan)]  # fmt: skip
+        variants = [(label.removeprefix("null:"), [branch_value(run, p, plan, t0, 300.0, 2, 0.0, noise=r).gp_per_dollar
+                                                   for r in range(replicates)])
+                    for label, p in null_variants(plan)]  # fmt: skip
         variants.append(("noise", ref[1:]))  # production's own plan one replicate on: branched already
         for label, got in variants:
             ratios = [g / ref[r] - 1.0 for r, g in enumerate(got)]

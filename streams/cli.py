@@ -147,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated policies whose decisions get realized regret on ground-truth branches (>= 30 "
         "decisions per window drawn by the seed; e.g. aurelius,production); needs production among --policies",
     )  # fmt: skip
+    p.add_argument(
+        "--regret-floor", action="store_true",
+        help="with --realized-regret: also the regret each audited decision gets against null variants of its own "
+        "plan (no real effect), the metric's noise floor at the same decisions and replicates",
+    )  # fmt: skip
     _history_flags(p)
     p.set_defaults(_run="streams.replay.cli:run")
 

@@ -341,7 +341,8 @@ def run(args: argparse.Namespace) -> int:
             audit_ = None
             if arm in audited and arm not in REFERENCE_POLICIES and refs:
                 gstar = g_star(ref_summaries, args.cost_basis)[1]
-                audit_ = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), seed, settings)
+                audit_ = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), seed, settings,
+                                     floor=getattr(args, "regret_floor", False))
             res = _arm(arm, wl, prep, args, own, key, audit_.intercept if audit_ else None)
             timing[f"{arm}@seed{seed}"] = res.wall_s
             summary = summarize(res)

@@ -39,7 +39,8 @@ import numpy as np
 
 from optimizer.lever_spread import SPREAD_K
 from schemas.cost import CostConfig
-from schemas.plan import Plan
+from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType
+from schemas.plan import Plan, PoolPlan
 from schemas.protocol import CLASSES
 from streams.replay.driver import RunResult
 from streams.replay.metrics import cost_between, request_outcomes
@@ -275,6 +276,25 @@ def noise_seeds(replicates: int) -> tuple[int, ...]:
     ((1, 2, 3), (0,))
     """
     return tuple(range(1, replicates + 1)) or (0,)
+
+
+# --- null plans: the noise floor of a comparison ---------------------------------------------------------
+
+
+def null_variants(plan: Plan) -> list[tuple[str, Plan]]:
+    """(label, plan) of plans around `plan` whose true effect is nil or nearly so: every pool's SM clock 1 or 5 MHz
+    under its maximum (decode 0.05 % or 0.25 % slower at most) and its batch cap one sequence higher. Branched
+    against `plan`, what separates them is the ground truth's noise (benchmarks/branch_noise.py; the regret
+    audit's floor, streams/replay/hindsight.py)."""
+    def clock_under_max(p: PoolPlan, mhz: int) -> PoolPlan:
+        return replace(p, sm_clock_mhz=SM_CLOCK_RANGE_MHZ[GpuType(p.gpu)][1] - mhz)
+
+    pools = plan.with_pools
+    return [
+        ("null:clock-1mhz", pools(tuple(clock_under_max(p, 1) for p in plan.pools))),
+        ("null:clock-5mhz", pools(tuple(clock_under_max(p, 5) for p in plan.pools))),
+        ("null:batch+1", pools(tuple(replace(p, max_batch=p.max_batch + 1) for p in plan.pools))),
+    ]
 
 
 # --- the hindsight arm's candidate plans ------------------------------------------------------------------

@@ -378,7 +378,8 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
     for name in order:
         audit = None
         if name in audited and name not in REFERENCE_POLICIES:
-            audit = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), job.seed, settings)
+            audit = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), job.seed, settings,
+                                floor=getattr(args, "regret_floor", False))
         res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config,
                    initial, intercept=audit.intercept if audit else None)  # fmt: skip
         summary = summarize(res)
@@ -402,7 +403,8 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
         outcomes.append(Outcome(name, summary, _frames(res, job.key), res.decisions, window))
         _tick(bar)
     for name in [n for n in order if n in audited and n in REFERENCE_POLICIES]:  # a reference audited: run it again
-        audit = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), job.seed, settings)
+        audit = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), job.seed, settings,
+                            floor=getattr(args, "regret_floor", False))
         res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config,
                    initial, intercept=audit.intercept)  # fmt: skip
         next(o for o in outcomes if o.policy == name).summary["realized_regret"] = audit.stats()
@@ -422,11 +424,17 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
     return outcomes
 
 
-
-
 def _window_periods(wl: Workload, period_s: float) -> int:
     """Periods that receive arrivals (the decisions the regret audit samples from)."""
     return arrival_periods(wl.requests["arrival_s"].to_numpy(), period_s)
+
+
+def _pooled_regret(audits: list[dict[str, Any]]) -> dict[str, Any]:
+    """regret_stats over several runs' audited decisions, and of their value gaps per request."""
+    out = regret_stats([v for a in audits for v in a.get("values", [])])
+    g = regret_stats([v for a in audits for v in a.get("gap_per_request", {}).get("values", [])])
+    out["gap_per_request"] = {k: g[k] for k in ("mean", "p50", "p90", "n", "values")}
+    return out
 
 
 def _replicates(args: argparse.Namespace) -> int:
@@ -445,6 +453,8 @@ def _check_branching(args: argparse.Namespace, policies: list[str]) -> None:
     unknown = [p for p in audited if p not in policies]
     if unknown:
         raise SystemExit(f"--realized-regret names policies not replayed: {unknown}")
+    if getattr(args, "regret_floor", False) and not audited:
+        raise SystemExit("--regret-floor measures the floor of --realized-regret: name the audited policies there")
     if getattr(args, "hindsight", False) and args.hindsight_k < 16:
         raise SystemExit("--hindsight-k must be at least 16")
     if _replicates(args) < 0:
@@ -600,12 +610,11 @@ def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
         for s in per_seed:
             kinds.update(s.get("in_window_fallbacks", {}))
         out["in_window_fallbacks"] = dict(sorted(kinds.items()))
-    if any("realized_regret" in s for s in per_seed):  # pooled over the seeds' audited decisions
-        pooled = [v for s in per_seed for v in s.get("realized_regret", {}).get("values", [])]
-        out["realized_regret"] = regret_stats(pooled)
-        gaps = [v for s in per_seed for v in s.get("realized_regret", {}).get("gap_per_request", {}).get("values", [])]
-        g = regret_stats(gaps)
-        out["realized_regret"]["gap_per_request"] = {k: g[k] for k in ("mean", "p50", "p90", "n", "values")}
+    audits = [s["realized_regret"] for s in per_seed if "realized_regret" in s]
+    if audits:  # pooled over the seeds' audited decisions
+        out["realized_regret"] = _pooled_regret(audits)
+        if any("floor" in a for a in audits):
+            out["realized_regret"]["floor"] = _pooled_regret([a["floor"] for a in audits if "floor" in a])
     if "hindsight" in first:
         out["oracle"], out["deployable"] = True, False
         out["hindsight"] = {k: v for k, v in first["hindsight"].items() if k not in ("check", "choices", "lead")}
@@ -760,11 +769,12 @@ def print_tables(results: dict[str, Any], basis: str) -> None:
             print(f"strongest reference ({b}): {best}" + (f"; gain over it: {gains}" if gains else ""))
         for name, p in m["policies"].items():
             r = p.get("realized_regret")
-            if r and r["n"]:
-                print(
-                    f"realized regret {name}: mean {r['mean']:.4f}  p50 {r['p50']:.4f}  p90 {r['p90']:.4f}  "
-                    f"share>0 {r['share_positive']:.2f}  n {r['n']}"
-                )
+            for what, q in (("realized regret", r), ("  its noise floor", (r or {}).get("floor"))):
+                if q and q["n"]:
+                    print(
+                        f"{what} {name}: mean {q['mean']:.4f}  p50 {q['p50']:.4f}  p90 {q['p90']:.4f}  "
+                        f"share>0 {q['share_positive']:.2f}  gap/request {q['gap_per_request']['mean']:.4f}  n {q['n']}"
+                    )
         if "hindsight" in m:
             h = m["hindsight"]
             verdict = "valid" if h["valid"] else f"INVALID (beaten by {', '.join(h['beaten_by'])})"

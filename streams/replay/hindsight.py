@@ -39,6 +39,7 @@ from streams.replay.branching import (
     arrival_periods,
     compare,
     live_replicas,
+    null_variants,
     regret,
     sample_periods,
 )
@@ -185,7 +186,11 @@ def run_hindsight(
 @dataclass
 class RegretAudit:
     """Realized regret of a run's decisions at the sampled periods: pass `intercept` to run_replay, then
-    `attach` the results to the run's decision records (their `realized` field)."""
+    `attach` the results to the run's decision records (their `realized` field).
+
+    floor: also the regret the same two-stage comparison gives the chosen plan against its null variants
+    (`branching.null_variants`: plans with no real effect), at the same decisions and replicates: the metric's
+    noise floor, what a decision scores when no alternative is truly better (the record's `realized.floor`)."""
 
     references: dict[str, RunResult]
     gstar: float
@@ -193,6 +198,7 @@ class RegretAudit:
     periods: int
     seed: int
     settings: BranchSettings = field(default_factory=BranchSettings)
+    floor: bool = False
     realized: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -205,14 +211,21 @@ class RegretAudit:
         if k not in self.sample:
             return plan
         t = time.perf_counter()
-        plans = [("chosen", plan), *self._ctx.plans(run, k)]
+        self.realized[k] = self._outcome(run, k, [("chosen", plan), *self._ctx.plans(run, k)])
+        if self.floor:
+            self.realized[k]["floor"] = self._outcome(run, k, [("chosen", plan), *null_variants(plan)])
+        self.realized[k]["wall_s"] = time.perf_counter() - t
+        return plan
+
+    def _outcome(self, run: RunResult, k: int, plans: list[tuple[str, Plan]]) -> dict[str, Any]:
+        """The chosen plan's branch against the best of `plans` (two-stage, the chosen plan always at full H)."""
         s = self.settings
         cmp = compare(run, plans, self._ctx.continuation(k), k * self.period_s, self.period_s, s.H, self.gstar,
                       always=("chosen",), top=s.top, cost=s.cost, basis=s.basis,
                       replicates=s.replicates)  # fmt: skip
         best_label, best = cmp.best()
         chosen = cmp.full["chosen"]
-        self.realized[k] = {
+        return {
             "value": chosen.value,
             "gp_per_dollar": chosen.gp_per_dollar,
             "best_value": best.value,
@@ -224,9 +237,7 @@ class RegretAudit:
             "set_size": len(plans),
             "H": s.H,
             "g_star": self.gstar,
-            "wall_s": time.perf_counter() - t,
         }
-        return plan
 
     def attach(self, run: RunResult) -> None:
         """Write each audited decision's outcome into its decision record's `realized` field."""
@@ -238,10 +249,17 @@ class RegretAudit:
     def stats(self) -> dict[str, Any]:
         """regret_stats of the regrets, and of the value gap per request of the branch's set (`gap_per_request`,
         requests / request: the same ranking without the ratio's blow-up when |best value| is near 0)."""
-        out = regret_stats([r["regret"] for r in self.realized.values()])
-        gaps = regret_stats([r["value_gap"] / max(r["requests"], 1) for r in self.realized.values()])
-        out["gap_per_request"] = {k: gaps[k] for k in ("mean", "p50", "p90", "n", "values")}
+        out = _stats(list(self.realized.values()))
+        if self.floor:
+            out["floor"] = _stats([r["floor"] for r in self.realized.values()])
         return out
+
+
+def _stats(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    out = regret_stats([r["regret"] for r in outcomes])
+    gaps = regret_stats([r["value_gap"] / max(r["requests"], 1) for r in outcomes])
+    out["gap_per_request"] = {k: gaps[k] for k in ("mean", "p50", "p90", "n", "values")}
+    return out
 
 
 def regret_stats(values: list[float]) -> dict[str, Any]:
