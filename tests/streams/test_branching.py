@@ -19,7 +19,14 @@ from schemas.cost import gpu_cost_owned_usd
 from schemas.fleet import default_fleet
 from schemas.plan import Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
-from streams.replay.branching import Branch, branch_mean, branch_value, live_replicas, sample_periods
+from streams.replay.branching import (
+    Branch,
+    branch_mean,
+    branch_value,
+    live_replicas,
+    null_variants,
+    sample_periods,
+)
 from streams.replay.cli import _aggregate, _check_branching, _hindsight_flags
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.hindsight import HINDSIGHT, BranchSettings, RegretAudit, hindsight_check, run_hindsight
@@ -197,6 +204,28 @@ def test_realized_regret_lands_in_the_decision_records(wl: Workload, prod: RunRe
         real = r["realized"]
         assert set(real) >= {"value", "best_value", "best_label", "regret", "set_size", "H"}
         assert real["regret"] == audit.realized[r["period_index"]]["regret"] > 0
+
+
+def test_the_regret_floor_compares_the_chosen_plan_with_its_null_variants(wl: Workload, prod: RunResult) -> None:
+    """--regret-floor: at each audited decision the chosen plan's branch (the same one the audit scored) against
+    null variants of itself; a plan with known-better alternatives is farther from their best than from its
+    own noise twins, and the pooled summary carries the floor beside the regret."""
+    audit = RegretAudit({"production": prod}, g_star(prod), P, PERIODS, 0, BranchSettings(K=16, H=1), floor=True)
+    _run(wl, Bloated(), audit.intercept)
+    for r in audit.realized.values():
+        f = r["floor"]
+        assert f["value"] == r["value"]  # the same branch of the chosen plan, deterministic
+        assert f["set_size"] == 1 + len(null_variants(Plan(pools=())))
+        assert f["best_label"] == "chosen" or f["best_label"].startswith("null:")
+        assert f["value_gap"] < r["value_gap"], (f, r)
+    s = audit.stats()
+    assert s["floor"]["n"] == s["n"] == 2
+    pooled = _aggregate([dict(summarize(prod), seed=0, realized_regret=s)])["realized_regret"]
+    assert pooled["floor"]["mean"] == pytest.approx(s["floor"]["mean"])
+    assert pooled["floor"]["gap_per_request"]["mean"] == pytest.approx(s["floor"]["gap_per_request"]["mean"])
+    with pytest.raises(SystemExit, match="--regret-floor"):
+        _check_branching(argparse.Namespace(realized_regret="", regret_floor=True, hindsight=False, hindsight_k=16),
+                         ["production"])  # fmt: skip
 
 
 def test_production_regret_audit_is_consistent(wl: Workload, prod: RunResult) -> None:
