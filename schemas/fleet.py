@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -145,10 +146,19 @@ class FleetSpec:
 
     def gpus_by_type(self) -> dict[str, int]:
         """GPUs per gpu type over every site (count)."""
-        out: dict[str, int] = {}
-        for (_, gpu), n in self.inventory().items():
-            out[gpu] = out.get(gpu, 0) + n
-        return out
+        return gpus_by_type(self.inventory())
+
+
+def gpus_by_type(inventory: Mapping[tuple[str, str], int]) -> dict[str, int]:
+    """GPUs per gpu type of an inventory keyed (site name, gpu type), summed over its sites (count).
+
+    >>> gpus_by_type({("pjm-1", "H100"): 64, ("pjm-1", "A100"): 32, ("ercot-1", "H100"): 64})
+    {'H100': 128, 'A100': 32}
+    """
+    out: dict[str, int] = {}
+    for (_, gpu), n in inventory.items():
+        out[gpu] = out.get(gpu, 0) + n
+    return out
 
 
 #: Tensor parallelism per model (GPUs per replica) by GPU type.

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from schemas import cost
 from schemas.fleet import GPUS_PER_NODE as _GPUS_PER_NODE
-from schemas.fleet import default_fleet
+from schemas.fleet import default_fleet, gpus_by_type
 from schemas.forecast import DisturbanceForecast, Interval
 from worldmodel.outcomes import Scenario
 from worldmodel.servingmodel import ServingModel, clock_or_max
@@ -56,7 +56,7 @@ def account_period(
         for site, w in power_w.items()
     )
     rented = cost.gpu_cost_rented_usd(gpu_hours, cost_config)
-    owned = cost.gpu_cost_owned_usd(_by_gpu(snap.inventory), T / 3600.0, cost_config)
+    owned = cost.gpu_cost_owned_usd(gpus_by_type(snap.inventory), T / 3600.0, cost_config)
     out.cost_usd = max(rented + out.energy_cost_usd, 1e-9)
     out.cost_owned = max(owned + out.energy_cost_usd, 1e-9)
 
@@ -96,9 +96,3 @@ def _nodes_on(gpus: float, gpus_now: int, nodes_now: int) -> int:
     return max(packed, nodes_now - math.floor((gpus_now - gpus) / _GPUS_PER_NODE))
 
 
-def _by_gpu(gpus: Mapping[tuple[str, str], int]) -> dict[str, int]:
-    """GPUs per gpu type summed over sites (count)."""
-    out: dict[str, int] = {}
-    for (_, gpu), n in gpus.items():
-        out[gpu] = out.get(gpu, 0) + n
-    return out

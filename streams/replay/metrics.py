@@ -97,7 +97,7 @@ def _p99_ms(x: np.ndarray) -> float | None:
 def summarize(run: RunResult, cost: CostConfig | None = None) -> dict[str, Any]:
     """results.json figures of one run (see the module docstring for definitions)."""
     cost = cost or CostConfig()
-    rt, logs = run.runtime, run.runtime.logs
+    logs = run.runtime.logs
     o = request_outcomes(run)
     n_site = int(logs.n_site[0])
     it_kw = logs.site_it_w[:n_site] / 1000.0
@@ -109,11 +109,7 @@ def summarize(run: RunResult, cost: CostConfig | None = None) -> dict[str, Any]:
     loading_hours = float(logs.site_gpus_loading[:n_site].sum() * hours)
     gpu_usd = gpu_cost_rented_usd(gpu_hours, cost)
     horizon_h = run.end_s / 3600.0
-    fleet_gpus: dict[str, int] = {}
-    for site in rt.sites:
-        for g in site.groups:
-            fleet_gpus[str(g.gpu)] = fleet_gpus.get(str(g.gpu), 0) + g.nodes * 8
-    owned_usd = gpu_cost_owned_usd(fleet_gpus, horizon_h, cost)
+    owned_usd = gpu_cost_owned_usd(fleet_gpus(run), horizon_h, cost)
     total = gpu_usd + energy_usd
     total_owned = owned_usd + energy_usd
     if total <= 0 or total_owned <= 0:
