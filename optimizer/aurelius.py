@@ -32,8 +32,9 @@ import polars as pl
 
 from forecasting.bundle import MissingInputError
 from optimizer.audit_grid import audit_grid, grid_size, run_audit
-from optimizer.baselines.tuned import with_precision
+from optimizer.baselines.tuned import with_clock_share, with_precision
 from optimizer.candidates import GenerationInputs, generate
+from optimizer.clock_price import ClockPrices
 from optimizer.decision_record import build_record
 from optimizer.deferral_lp import DeferralSchedule, plan_deferral, risk_adjusted_price
 from optimizer.fallback import (
@@ -127,6 +128,11 @@ class AureliusPolicy(Policy):
     cost_basis : the operator's cost basis, "rented" (GPU-hours held at the rental rate + energy) or "owned" (the
         whole fleet paid for, capacity held costs its energy): what the objective counts, the price the capacity
         sizing and the deferral LP put on a GPU-hour, and the guard's fitted target (schemas/cost.py).
+    reference_clock : the week before's SM clock-share measurements (optimizer/clock_price.py; the replay passes
+        the tuning's): the guarded reference plan runs at the share of highest gp/$ repriced at the period's
+        forecast price on `cost_basis`, among those within the tuning's SLA gate; None keeps the reference's
+        clock (arm `aurelius-no-clock`). As with precision, a ground-truth measurement sets the lever, not the
+        forward model, whose clock scoring lost gp/$ (`clock_levels`).
     """
 
     name = "aurelius"
@@ -141,7 +147,8 @@ class AureliusPolicy(Policy):
                  clock_levels: int = 1, floor_release: bool = False, site_placement: bool = False,
                  horizon: HorizonSpec | None = None, ablate: frozenset[str] = frozenset(),
                  guard: ScaleGuard | None = ScaleGuard(),
-                 reference_precision: tuple[str, str] | None = None, cost_basis: str = "rented") -> None:
+                 reference_precision: tuple[str, str] | None = None, cost_basis: str = "rented",
+                 reference_clock: ClockPrices | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         if not ablate <= FAMILY_FIELDS.keys():
@@ -168,6 +175,8 @@ class AureliusPolicy(Policy):
         self._gpu_usd_per_gpu_h = marginal_gpu_usd_per_h(cost_basis)  # raises on an unknown basis
         self.guard = replace(guard, cost_basis=cost_basis) if guard is not None else None
         self.reference_precision = reference_precision
+        self.reference_clock = reference_clock
+        self._clock: dict[str, float] | None = None  # the last decision's clock share and the price it was set at
         self.margins = load_margins("one_period" if horizon is None else "horizon")
         self.gate_config = gate_config or GateConfig()
         self.search_config = search_config or _search_config(mode)
@@ -282,6 +291,7 @@ class AureliusPolicy(Policy):
         the replicas the forward model predicts the autoscaler needs (as deployed without a guard, or before the
         fleet has been observed)."""
         assert self.world_model is not None
+        ref_plan = self._at_reference_clock(ref_plan, forecasts[0].price_usd_mwh.point)
         if self.guard is None:
             return ref_plan
         live = self.world_model.replicas(as_of)
@@ -290,6 +300,18 @@ class AureliusPolicy(Policy):
             need = self._forecast_need(as_of, ref_plan, forecasts, self.guard.target_at(price))
             self._guard_inputs = replace(price, live=live, need=need, waiting=self.world_model.waiting(as_of))
         return self.guard.apply(ref_plan, self._guard_inputs)
+
+    def _at_reference_clock(self, plan: Plan, price_usd_mwh: float) -> Plan:
+        """The reference's plan at the clock share the week before's measurement pays most at the period's forecast
+        price ($/MWh; `reference_clock`), its label naming it (unchanged without a measurement or at full clock)."""
+        self._clock = None
+        if self.reference_clock is None:
+            return plan
+        share = self.reference_clock.share_at(price_usd_mwh, self.cost_basis)
+        self._clock = {"share": share, "price_usd_mwh": price_usd_mwh}
+        if share >= 1.0:
+            return plan
+        return replace(with_clock_share(plan, share), label=f"{plan.label} at clock {share:g}")
 
     def _forecast_need(self, as_of: datetime, ref_plan: Plan, forecasts: tuple[DisturbanceForecast, ...],
                        target: float) -> dict[tuple[str, str, str], int]:
@@ -354,7 +376,9 @@ class AureliusPolicy(Policy):
         return {"decision_cpu_ms": (time.process_time() - c0) * 1e3, "mode": self.mode, "oracle": self.oracle,
                 "reference_policy": self.reference, "pareto_reference": reference.label, "seed": self.seed,
                 "cost_basis": self.cost_basis, "scale_guard": self._guard_record(),
-                "reference_precision": list(self.reference_precision) if self.reference_precision else None}
+                "reference_precision": list(self.reference_precision) if self.reference_precision else None,
+                "reference_clock": None if self.reference_clock is None else
+                {**(self._clock or {}), "measured": self.reference_clock.as_dict()}}
 
     def _guard_record(self) -> dict[str, Any] | None:
         """The guard's settings, the live replicas it bounded the ceilings by ("site/model/gpu": count) and the
@@ -574,6 +598,7 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-no-trend": {"mode": "full", "guard": ScaleGuard(trend=False)},
     "aurelius-no-ramp": {"mode": "full", "guard": ScaleGuard(ramp=False)},
     "aurelius-own-precision": {"mode": "full", "reference_precision": None},
+    "aurelius-no-clock": {"mode": "full", "reference_clock": None},
     "aurelius-horizon": {"mode": "full", "horizon": HorizonSpec(), "horizon_periods": HorizonSpec().periods},
     "oracle": {"mode": "full", "oracle": True},
 }

@@ -9,6 +9,7 @@ from typing import Any
 
 from optimizer.aurelius import AURELIUS_ARMS, AureliusPolicy
 from optimizer.baselines.tuned import StaticConfig
+from optimizer.clock_price import ClockPrices
 from optimizer.forecast_adapter import ForecastingProvider, OracleForecastProvider
 from optimizer.registry import create
 from optimizer.world_adapter import WorldStateModel
@@ -46,6 +47,7 @@ def build_policy(
     window_periods: int | None = None,
     world_state: WorldState | None = None,
     tuned: StaticConfig | None = None,
+    clock: ClockPrices | None = None,
     cost_basis: str = "rented",
     **kwargs: Any,
 ) -> Policy:
@@ -67,6 +69,9 @@ def build_policy(
         production-tuned runs it; the aurelius arms take its weights and KV dtype as the reference's
         (`reference_precision`) unless the arm fixes its own. None: production-tuned chooses with the forward
         model, the arms keep the reference's precision.
+    clock : the same tuning's SM clock-share measurements (optimizer/clock_price.py): the aurelius arms that take
+        the tuning's precision run the reference's plan at the share they price best (`reference_clock`) unless
+        the arm fixes its own.
     cost_basis : the operator's cost basis, "rented" or "owned" (schemas/cost.py): what the aurelius arms
         optimize (`AureliusPolicy.cost_basis`); the references do not depend on it.
     kwargs : further `AureliusPolicy` settings (e.g. audit=False).
@@ -76,6 +81,8 @@ def build_policy(
     arm = dict(AURELIUS_ARMS[name])
     if tuned is not None and wants_tuning(name):
         kwargs.setdefault("reference_precision", (tuned.precision, tuned.kv_dtype))
+    if clock is not None and wants_tuning(name) and "reference_clock" not in arm:
+        kwargs.setdefault("reference_clock", clock)
     horizon = int(kwargs.get("horizon_periods", arm.get("horizon_periods", 12)))
     if arm.get("oracle"):
         if workload is None:

@@ -175,19 +175,31 @@ def with_precision(plan: Plan, precision: str, kv_dtype: str = "auto") -> Plan:
     return replace(plan, pools=tuple(pools))
 
 
+def with_clock_share(plan: Plan, share: float) -> Plan:
+    """`plan` with every pool's SM clock at `share` of its GPU's maximum (MHz, rounded, not below the minimum).
+
+    >>> from schemas.plan import PoolPlan
+    >>> p = Plan((PoolPlan("s", "m", "H100", 1, 8, 4, "bf16", 1024, 1980), PoolPlan("s", "m", "A100", 0, 8, 8,
+    ...           "bf16", 256, 1410)))
+    >>> [q.sm_clock_mhz for q in with_clock_share(p, 0.85).pools]
+    [1683, 1198]
+    >>> [q.sm_clock_mhz for q in with_clock_share(p, 0.1).pools]  # the minimum clock
+    [1095, 1005]
+    """
+    pools = []
+    for p in plan.pools:
+        lo, hi = SM_CLOCK_RANGE_MHZ[GpuType(p.gpu)]
+        pools.append(replace(p, sm_clock_mhz=int(max(lo, round(hi * share)))))
+    return replace(plan, pools=tuple(pools))
+
+
 def _configure(plan: Plan, cfg: StaticConfig) -> Plan:
     """`plan` with the configuration applied to every pool (precision and KV dtype where the GPU allows)."""
-    pools = []
-    for p in with_precision(plan, cfg.precision, cfg.kv_dtype).pools:
-        lo, hi = SM_CLOCK_RANGE_MHZ[GpuType(p.gpu)]
-        pools.append(
-            replace(
-                p,
-                max_num_batched_tokens=cfg.max_num_batched_tokens,
-                max_batch=p.max_batch if cfg.max_batch is None else cfg.max_batch,
-                sm_clock_mhz=int(max(lo, round(hi * cfg.clock_share))),
-            )
-        )
+    pools = [
+        replace(p, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                max_batch=p.max_batch if cfg.max_batch is None else cfg.max_batch)
+        for p in with_clock_share(with_precision(plan, cfg.precision, cfg.kv_dtype), cfg.clock_share).pools
+    ]  # fmt: skip
     return replace(plan, pools=tuple(pools), autoscale_target=cfg.target)
 
 

@@ -284,8 +284,8 @@ def _arm(
             keep_observations=args.emit_observations,
             initial_replicas=prep.initial,
         )
-    tuned = prep.tuning.config if prep.tuning is not None and wants_tuning(name) else None
-    return _one(wl, name, prep.fleet, args, prep.physics, key, wl.seed, False, tuned, prep.initial,
+    tuning = prep.tuning if wants_tuning(name) else None
+    return _one(wl, name, prep.fleet, args, prep.physics, key, wl.seed, False, tuning, prep.initial,
                 intercept=intercept)
 
 

@@ -34,7 +34,6 @@ import polars as pl
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from optimizer.baselines.tuned import StaticConfig
 from optimizer.wiring import build_policy, wants_tuning
 from schemas.audit import decision_id
 from schemas.fleet import default_fleet
@@ -380,7 +379,7 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
         if name in audited and name not in REFERENCE_POLICIES:
             audit = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), job.seed, settings,
                                 floor=getattr(args, "regret_floor", False))
-        res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config,
+        res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning,
                    initial, intercept=audit.intercept if audit else None)  # fmt: skip
         summary = summarize(res)
         summary["seed"] = job.seed
@@ -405,7 +404,7 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
     for name in [n for n in order if n in audited and n in REFERENCE_POLICIES]:  # a reference audited: run it again
         audit = RegretAudit(refs, gstar, period_s, _window_periods(wl, period_s), job.seed, settings,
                             floor=getattr(args, "regret_floor", False))
-        res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config,
+        res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning,
                    initial, intercept=audit.intercept)  # fmt: skip
         next(o for o in outcomes if o.policy == name).summary["realized_regret"] = audit.stats()
     if hindsight:
@@ -481,7 +480,7 @@ def _outcome(
     """Replay one policy on the job's workload; its results.json figures, DuckDB frames and decisions."""
     if bar is not None:
         bar.set_postfix_str(_label(job, "replay", name))
-    res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning and tuning.config, initial)
+    res = _one(wl, name, fleet, args, physics, job.key, job.seed, job.all_sites, tuning, initial)
     summary = summarize(res)
     summary["seed"] = job.seed
     summary.update(_decision_stats(res, args.period_minutes * 60.0))
@@ -508,14 +507,14 @@ def _one(
     key: str,
     seed: int,
     all_sites: bool,
-    tuned: StaticConfig | None,
+    tuning: Tuning | None,
     initial: dict[tuple[str, str, str], int],
     intercept: Any = None,
 ) -> RunResult:
-    """One replay; production-tuned runs the configuration measured best on the week before (`tuned`), the
-    aurelius arms take its precision (optimizer/wiring.build_policy)."""
+    """One replay; production-tuned runs the configuration measured best on the week before (`tuning`), the
+    aurelius arms take its precision and its clock measurements (optimizer/wiring.build_policy)."""
     policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0, window_periods=args.periods,
-                          tuned=tuned, cost_basis=args.cost_basis)
+                          tuned=tuning and tuning.config, clock=tuning and tuning.clock, cost_basis=args.cost_basis)
     return run_replay(
         wl,
         policy,

@@ -22,6 +22,7 @@ import numpy as np
 
 from optimizer.baselines.production import ProductionPolicy
 from optimizer.baselines.tuned import DEPLOYED, StaticConfig, TunedProductionPolicy
+from optimizer.clock_price import ClockMeasurement, ClockPrices
 from schemas.fleet import FleetSpec
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
@@ -53,11 +54,14 @@ def _with(cfg: StaticConfig, axis: str, value: object) -> StaticConfig:
 
 @dataclass(frozen=True)
 class Tuning:
-    """The chosen configuration and every candidate's measured gp/$ and per-class violation rates."""
+    """The chosen configuration, every candidate's measured gp/$, per-class violation rates, SLA-met requests,
+    GPU cost ($, both bases) and energy (MWh), and the clock axis's measurements (`clock`: what the aurelius arms
+    reprice at each period's price, optimizer/clock_price.py)."""
 
     config: StaticConfig
     window_start: datetime
     table: tuple[dict[str, Any], ...]
+    clock: ClockPrices | None = None
 
 
 def tune_static(
@@ -116,7 +120,10 @@ def tune_on(
                              window_s=periods * period_minutes * 60.0, physics=physics, initial_replicas=initial)
             s = summarize(run)
             measured[cfg] = {"config": cfg.as_dict(), "gp_per_dollar": s["gp_per_dollar"],
-                             "violation": {c: v["sla_violation_rate"] for c, v in s["classes"].items()}}
+                             "violation": {c: v["sla_violation_rate"] for c, v in s["classes"].items()},
+                             "sla_met": s["sla_met"], "gpu_usd": s["gpu_cost_usd"],
+                             "gpu_usd_owned": s["cost_usd_owned"] - s["energy_cost_usd"],
+                             "energy_mwh": s["energy_mwh"]}
         return measured[cfg]  # fmt: skip
 
     base = measure(DEPLOYED)["violation"]
@@ -125,13 +132,17 @@ def tune_on(
         return all(v <= base.get(c, 0.0) + SLA_SLACK for c, v in row["violation"].items())
 
     best = DEPLOYED
+    clock: list[ClockMeasurement] = []
     for axis, values in AXES:
         for value in values:
             cfg = _with(best, axis, value)
             row = measure(cfg)
+            if axis == "clock_share":  # the same configuration at each share (best differs from it in the clock)
+                clock.append(ClockMeasurement(float(value), float(row["sla_met"]), row["gpu_usd"],  # type: ignore[arg-type]
+                                              row["gpu_usd_owned"], row["energy_mwh"], ok(row)))  # fmt: skip
             if ok(row) and row["gp_per_dollar"] > measure(best)["gp_per_dollar"]:
                 best = cfg
-    return Tuning(best, tuned_on, tuple(measured.values()))
+    return Tuning(best, tuned_on, tuple(measured.values()), ClockPrices(tuple(clock)) if clock else None)
 
 
 def lead_in_fleet(
