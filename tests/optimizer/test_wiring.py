@@ -401,3 +401,33 @@ def test_the_owned_guard_takes_the_rented_target_where_energy_outweighs_capital(
             assert g["price_usd_mwh"] == r["forecasts"]["price_usd_mwh"]["point"]
             assert (g["price_usd_mwh"] >= g["breakeven_usd_mwh"]) == (breakeven is not None)
             assert g["target"] == target == r["chosen_plan"]["autoscale_target"]
+
+
+def test_the_week_before_clock_measurement_sets_the_reference_clock_by_price(wl: Workload, stream) -> None:  # noqa: ANN001
+    """The tuning's clock-share measurements reach the arms that take its precision; each decision reprices them at
+    its forecast price: where the lower clock's energy saving outweighs its lost requests at PJM's window prices
+    ($338-432/MWh; the crossover here is 52.6) the guarded reference plan, committed at every fallback, runs at
+    0.85 of each GPU's maximum clock; where it loses requests at no saving, at the full clock."""
+    from optimizer.baselines.tuned import StaticConfig
+    from optimizer.clock_price import ClockMeasurement, ClockPrices
+    from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType
+
+    pays = ClockPrices((ClockMeasurement(1.0, 1000, 1.0, 1.2, 0.0010, True),
+                        ClockMeasurement(0.85, 990, 1.0, 1.2, 0.0008, True)))  # fmt: skip
+    loses = ClockPrices((ClockMeasurement(1.0, 1000, 1.0, 1.2, 0.0010, True),
+                         ClockMeasurement(0.85, 900, 1.0, 1.2, 0.0010, True)))  # fmt: skip
+    tuned = StaticConfig()
+    assert build_policy("aurelius", wl, tuned=tuned, clock=pays).reference_clock is pays
+    assert build_policy("aurelius-no-clock", wl, tuned=tuned, clock=pays).reference_clock is None
+    assert build_policy("aurelius-own-precision", wl, tuned=tuned, clock=pays).reference_clock is None
+    assert build_policy("aurelius", wl).reference_clock is None
+    ctx, history, obs = stream
+    for prices, share in ((pays, 0.85), (loses, 1.0)):
+        recs = drive(aurelius(wl, tuned=tuned, clock=prices), ctx, history, obs)
+        committed = [r for k, r in recs.items() if k > 0 and r["fallback"] and r["forecasts"]]
+        assert committed
+        for r in committed:
+            c = r["reference_clock"]
+            assert c["share"] == share and c["price_usd_mwh"] == r["forecasts"]["price_usd_mwh"]["point"]
+            for p in r["chosen_plan"]["pools"]:
+                assert p["sm_clock_mhz"] == round(SM_CLOCK_RANGE_MHZ[GpuType(p["gpu"])][1] * share), (share, p)

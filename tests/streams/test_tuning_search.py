@@ -37,7 +37,9 @@ def fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[StaticConfig]:
 
     def summarize(run: Any) -> dict[str, Any]:
         gp, viol = _score(run.config)
-        return {"gp_per_dollar": gp, "classes": {"chat": {"sla_violation_rate": viol}}}
+        energy_mwh = 0.001 * run.config.clock_share  # a lower clock draws less
+        return {"gp_per_dollar": gp, "classes": {"chat": {"sla_violation_rate": viol}}, "sla_met": 10 * gp,
+                "gpu_cost_usd": 9.0, "cost_usd_owned": 12.0, "energy_cost_usd": 1.0, "energy_mwh": energy_mwh}
 
     monkeypatch.setattr(tuning, "build_workload", lambda *a, **k: None)
     monkeypatch.setattr(tuning, "lead_in_fleet", lambda *a, **k: {})
@@ -54,6 +56,11 @@ def test_coordinate_search_finds_the_best_admissible_configuration(fake_runs: li
     assert fake_runs[0] == DEPLOYED
     assert len(fake_runs) == len(set(fake_runs)) == 1 + 2 + 3 + 2 + 2 + 2  # each configuration measured once
     assert {r["config"]["kv_dtype"] for r in t.table} == {"auto", "fp8"}
+    # the clock axis's measurements, at the configuration the search had reached (fp8 + fp8 KV, batch 512)
+    assert t.clock is not None
+    assert [(c.share, c.within_sla) for c in t.clock.rows] == [(1.0, True), (0.85, True), (0.7, False)]
+    assert [c.sla_met for c in t.clock.rows] == [10 * (100 + 9 + 4 + g) for g in (0.0, 1.0, 6.0)]
+    assert {(c.gpu_usd, c.gpu_usd_owned) for c in t.clock.rows} == {(9.0, 11.0)}
 
 
 def test_a_configuration_outside_the_sla_rule_is_never_chosen(
