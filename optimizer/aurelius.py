@@ -268,6 +268,7 @@ class AureliusPolicy(Policy):
         assert self.forecast_provider is not None
         self._ref_plan = ref_plan
         self._guard_inputs = GuardInputs()
+        self._clock = None  # set where the decision prices the clock (`_at_reference_clock`)
         missing = self._missing_inputs(as_of)
         forecasts: tuple[DisturbanceForecast, ...] = ()
         if not missing:
