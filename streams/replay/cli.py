@@ -48,7 +48,7 @@ from streams.replay.hindsight import (
     RegretAudit,
     g_star,
     hindsight_check,
-    regret_stats,
+    regret_summary,
     run_hindsight,
 )
 from streams.replay.metrics import PROVENANCE, per_period, request_outcomes, summarize
@@ -429,11 +429,9 @@ def _window_periods(wl: Workload, period_s: float) -> int:
 
 
 def _pooled_regret(audits: list[dict[str, Any]]) -> dict[str, Any]:
-    """regret_stats over several runs' audited decisions, and of their value gaps per request."""
-    out = regret_stats([v for a in audits for v in a.get("values", [])])
-    g = regret_stats([v for a in audits for v in a.get("gap_per_request", {}).get("values", [])])
-    out["gap_per_request"] = {k: g[k] for k in ("mean", "p50", "p90", "n", "values")}
-    return out
+    """regret_summary over several runs' audited decisions."""
+    return regret_summary([v for a in audits for v in a.get("values", [])],
+                          [v for a in audits for v in a.get("gap_per_request", {}).get("values", [])])  # fmt: skip
 
 
 def _replicates(args: argparse.Namespace) -> int:

@@ -256,9 +256,15 @@ class RegretAudit:
 
 
 def _stats(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
-    out = regret_stats([r["regret"] for r in outcomes])
-    gaps = regret_stats([r["value_gap"] / max(r["requests"], 1) for r in outcomes])
-    out["gap_per_request"] = {k: gaps[k] for k in ("mean", "p50", "p90", "n", "values")}
+    return regret_summary([r["regret"] for r in outcomes], [r["value_gap"] / max(r["requests"], 1) for r in outcomes])
+
+
+def regret_summary(regrets: list[float], gaps: list[float]) -> dict[str, Any]:
+    """regret_stats of realized regrets with `gap_per_request`: mean, p50, p90, n and values of the value gaps
+    per request (requests / request) of the same decisions."""
+    out = regret_stats(regrets)
+    g = regret_stats(gaps)
+    out["gap_per_request"] = {k: g[k] for k in ("mean", "p50", "p90", "n", "values")}
     return out
 
 
