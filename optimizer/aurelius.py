@@ -133,6 +133,9 @@ class AureliusPolicy(Policy):
         forecast price on `cost_basis`, among those within the tuning's SLA gate; None keeps the reference's
         clock (arm `aurelius-no-clock`). As with precision, a ground-truth measurement sets the lever, not the
         forward model, whose clock scoring lost gp/$ (`clock_levels`).
+    reference_token_budget : the chunked-prefill token budget (tokens per iteration) the same tuning measured best,
+        set on every pool of the reference's plan (the engine's other restart setting beside the precision; the
+        planner has no lever for it); None keeps the engine's default (arm `aurelius-no-token-budget`).
     """
 
     name = "aurelius"
@@ -148,7 +151,7 @@ class AureliusPolicy(Policy):
                  horizon: HorizonSpec | None = None, ablate: frozenset[str] = frozenset(),
                  guard: ScaleGuard | None = ScaleGuard(),
                  reference_precision: tuple[str, str] | None = None, cost_basis: str = "rented",
-                 reference_clock: ClockPrices | None = None) -> None:
+                 reference_clock: ClockPrices | None = None, reference_token_budget: int | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         if not ablate <= FAMILY_FIELDS.keys():
@@ -176,6 +179,7 @@ class AureliusPolicy(Policy):
         self.guard = replace(guard, cost_basis=cost_basis) if guard is not None else None
         self.reference_precision = reference_precision
         self.reference_clock = reference_clock
+        self.reference_token_budget = reference_token_budget
         self._clock: dict[str, float] | None = None  # the last decision's clock share and the price it was set at
         self.margins = load_margins("one_period" if horizon is None else "horizon")
         self.gate_config = gate_config or GateConfig()
@@ -207,7 +211,7 @@ class AureliusPolicy(Policy):
         self._seen_telemetry = self._seen_arrivals = False
         ref = self.reference_policy or create(self.reference)
         self.reference_policy = ref
-        ref_plan = self._at_reference_precision(ref.start(ctx, history))
+        ref_plan = self._at_reference_engine(ref.start(ctx, history))
         if not self.also_reference_policies:
             self.also_reference_policies = tuple(create(n) for n in self.also_references)
         others = tuple(r.start(ctx, history) for r in self.also_reference_policies)
@@ -223,7 +227,7 @@ class AureliusPolicy(Policy):
     def plan(self, obs: Observations) -> Plan:
         t0, c0 = time.perf_counter(), time.process_time()
         assert self._ctx is not None and self.reference_policy is not None, "start() first"
-        ref_plan = self._at_reference_precision(self.reference_policy.plan(obs))
+        ref_plan = self._at_reference_engine(self.reference_policy.plan(obs))
         others = tuple(r.plan(obs) for r in self.also_reference_policies)
         try:
             self._observed.update_arrivals(obs.arrivals)
@@ -244,12 +248,18 @@ class AureliusPolicy(Policy):
             self._ramps = {}
             return self._reference_only(obs.as_of, obs.period_index, ref_plan, t0, c0, reason, {})
 
-    def _at_reference_precision(self, plan: Plan) -> Plan:
-        """The reference's plan at `reference_precision`, its label naming it (unchanged without one)."""
-        if self.reference_precision is None:
-            return plan
-        weights, kv = self.reference_precision
-        return replace(with_precision(plan, weights, kv), label=f"{plan.label} at {weights}/kv {kv}")
+    def _at_reference_engine(self, plan: Plan) -> Plan:
+        """The reference's plan with the engine settings measured the week before, its label naming them: weights
+        and KV dtype (`reference_precision`), chunked-prefill token budget (`reference_token_budget`); unchanged
+        without them."""
+        if self.reference_precision is not None:
+            weights, kv = self.reference_precision
+            plan = replace(with_precision(plan, weights, kv), label=f"{plan.label} at {weights}/kv {kv}")
+        if self.reference_token_budget is not None:
+            budget = self.reference_token_budget
+            plan = replace(plan, pools=tuple(replace(p, max_num_batched_tokens=budget) for p in plan.pools),
+                           label=f"{plan.label}, {budget} tokens/iteration")  # fmt: skip
+        return plan
 
     def last_decision(self) -> dict[str, Any] | None:
         return self._record
@@ -378,6 +388,7 @@ class AureliusPolicy(Policy):
                 "reference_policy": self.reference, "pareto_reference": reference.label, "seed": self.seed,
                 "cost_basis": self.cost_basis, "scale_guard": self._guard_record(),
                 "reference_precision": list(self.reference_precision) if self.reference_precision else None,
+                "reference_token_budget": self.reference_token_budget,
                 "reference_clock": None if self.reference_clock is None else
                 {**(self._clock or {}), "measured": self.reference_clock.as_dict()}}
 
@@ -600,6 +611,7 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-no-ramp": {"mode": "full", "guard": ScaleGuard(ramp=False)},
     "aurelius-own-precision": {"mode": "full", "reference_precision": None},
     "aurelius-no-clock": {"mode": "full", "reference_clock": None},
+    "aurelius-no-token-budget": {"mode": "full", "reference_token_budget": None},
     "aurelius-horizon": {"mode": "full", "horizon": HorizonSpec(), "horizon_periods": HorizonSpec().periods},
     "oracle": {"mode": "full", "oracle": True},
 }

@@ -81,6 +81,8 @@ def build_policy(
     arm = dict(AURELIUS_ARMS[name])
     if tuned is not None and wants_tuning(name):
         kwargs.setdefault("reference_precision", (tuned.precision, tuned.kv_dtype))
+        if "reference_token_budget" not in arm:
+            kwargs.setdefault("reference_token_budget", tuned.max_num_batched_tokens)
     if clock is not None and wants_tuning(name) and "reference_clock" not in arm:
         kwargs.setdefault("reference_clock", clock)
     horizon = int(kwargs.get("horizon_periods", arm.get("horizon_periods", 12)))

@@ -312,12 +312,17 @@ def test_the_guard_serves_a_ramp_still_climbing_when_the_period_closed(ramp: boo
 
 def test_the_reference_runs_at_the_tuned_precision_where_the_gpu_has_it():
     """With `reference_precision` the yardstick (and the fallback the record commits) has fp8 weights and KV on
-    the H100 pools and stays bf16 on the A100s, which have no fp8; the record says which precision it took."""
+    the H100 pools and stays bf16 on the A100s, which have no fp8; with `reference_token_budget` every pool runs
+    that chunked-prefill budget; the record says which settings it took."""
     pol = AureliusPolicy(world_model=FakeWorld(), reference_policy=StubReference(), audit=False,
-                         forecast_provider=PersistenceForecasts(), reference_precision=("fp8", "fp8"))
+                         forecast_provider=PersistenceForecasts(), reference_precision=("fp8", "fp8"),
+                         reference_token_budget=2048)  # fmt: skip
     rec = run(pol, periods=1)[1]
     SCHEMA(rec)
-    got = {p["gpu"]: (p["precision"], p["kv_dtype"]) for p in rec["reference_plan"]["pools"]}
-    assert got == {"H100": ("fp8", "fp8"), "A100": ("bf16", "auto")}
-    assert rec["reference_precision"] == ["fp8", "fp8"]
-    assert rec["reference_plan"]["label"].endswith(" at fp8/kv fp8")  # the plan says so too
+    got = {p["gpu"]: (p["precision"], p["kv_dtype"], p["max_num_batched_tokens"])
+           for p in rec["reference_plan"]["pools"]}  # fmt: skip
+    assert got == {"H100": ("fp8", "fp8", 2048), "A100": ("bf16", "auto", 2048)}
+    assert rec["reference_precision"] == ["fp8", "fp8"] and rec["reference_token_budget"] == 2048
+    assert rec["reference_plan"]["label"].endswith(" at fp8/kv fp8, 2048 tokens/iteration")  # the plan says so too
+    committed = {p["max_num_batched_tokens"] for p in rec["chosen_plan"]["pools"]}
+    assert committed == {2048}  # what the decision commits keeps it

@@ -328,15 +328,21 @@ def test_the_committed_plan_bounds_the_autoscaler_by_the_live_fleet(records: dic
 
 
 def test_the_week_before_tuning_sets_the_reference_precision(wl: Workload) -> None:
-    """The tuning's weights and KV dtype reach every aurelius arm that does not fix its own, and production-tuned
-    runs the whole configuration; without a tuning the arms keep the reference's own precision."""
+    """The tuning's weights, KV dtype and token budget reach every aurelius arm that does not fix its own, and
+    production-tuned runs the whole configuration; without a tuning the arms keep the reference's own."""
     from optimizer.baselines.tuned import StaticConfig
 
-    tuned = StaticConfig(precision="fp8", kv_dtype="fp8", max_batch=512)
+    tuned = StaticConfig(precision="fp8", kv_dtype="fp8", max_batch=512, max_num_batched_tokens=2048)
     assert build_policy("aurelius", wl, tuned=tuned).reference_precision == ("fp8", "fp8")
     assert build_policy("aurelius-no-guard", wl, tuned=tuned).reference_precision == ("fp8", "fp8")
     assert build_policy("aurelius-own-precision", wl, tuned=tuned).reference_precision is None
     assert build_policy("aurelius", wl).reference_precision is None
+    # the chunked-prefill budget, the engine's other restart setting, comes with the precision
+    assert build_policy("aurelius", wl, tuned=tuned).reference_token_budget == 2048
+    assert build_policy("aurelius-no-token-budget", wl, tuned=tuned).reference_token_budget is None
+    assert build_policy("aurelius-no-token-budget", wl, tuned=tuned).reference_precision == ("fp8", "fp8")
+    assert build_policy("aurelius-own-precision", wl, tuned=tuned).reference_token_budget is None
+    assert build_policy("aurelius", wl).reference_token_budget is None
     assert build_policy("production-tuned", wl, tuned=tuned).config == tuned
 
 
