@@ -340,19 +340,22 @@ def compare(
     cost: CostConfig | None = None,
     basis: str = "rented",
     replicates: int = 0,
+    known: Comparison | None = None,
 ) -> Comparison:
     """Two-stage: every plan over the decided period only; then the `top` best of that screen and the
     `always` labels at full H with the drain, averaged over `replicates` noise replicates (the screen on the first
-    of them alone)."""
+    of them alone). `known`: branches already run for some labels, of the same plans at the same decision and
+    settings (an earlier comparison's), reused instead of run again."""
     kw: dict[str, Any] = {"cost": cost, "basis": basis}
-    screened = {lbl: branch_mean(run, p, continuation, t0, period_s, 0, g_star, drain=False, label=lbl,
-                                 replicates=min(replicates, 1), **kw)
+    done = known or Comparison({}, {})
+    screened = {lbl: done.screened.get(lbl) or branch_mean(run, p, continuation, t0, period_s, 0, g_star,
+                                                           drain=False, label=lbl, replicates=min(replicates, 1), **kw)
                 for lbl, p in plans}  # fmt: skip
     ranked = sorted(screened, key=lambda lbl: screened[lbl].value, reverse=True)
     keep = list(dict.fromkeys([*always, *ranked[:top]]))
     by_label = dict(plans)
-    full = {lbl: branch_mean(run, by_label[lbl], continuation, t0, period_s, H, g_star, label=lbl,
-                             replicates=replicates, **kw)
+    full = {lbl: done.full.get(lbl) or branch_mean(run, by_label[lbl], continuation, t0, period_s, H, g_star,
+                                                   label=lbl, replicates=replicates, **kw)
             for lbl in keep}  # fmt: skip
     return Comparison(screened, full)
 

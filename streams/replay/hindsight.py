@@ -36,6 +36,7 @@ from streams.replay.branching import (
     NOISE_S,
     SCREEN_TOP,
     SLA_SLACK,
+    Comparison,
     arrival_periods,
     compare,
     live_replicas,
@@ -211,18 +212,21 @@ class RegretAudit:
         if k not in self.sample:
             return plan
         t = time.perf_counter()
-        self.realized[k] = self._outcome(run, k, [("chosen", plan), *self._ctx.plans(run, k)])
-        if self.floor:
-            self.realized[k]["floor"] = self._outcome(run, k, [("chosen", plan), *null_variants(plan)])
+        self.realized[k], cmp = self._outcome(run, k, [("chosen", plan), *self._ctx.plans(run, k)])
+        if self.floor:  # the chosen plan's branches are the audit's own, not run again
+            mine = Comparison({"chosen": cmp.screened["chosen"]}, {"chosen": cmp.full["chosen"]})
+            self.realized[k]["floor"] = self._outcome(run, k, [("chosen", plan), *null_variants(plan)], mine)[0]
         self.realized[k]["wall_s"] = time.perf_counter() - t
         return plan
 
-    def _outcome(self, run: RunResult, k: int, plans: list[tuple[str, Plan]]) -> dict[str, Any]:
-        """The chosen plan's branch against the best of `plans` (two-stage, the chosen plan always at full H)."""
+    def _outcome(self, run: RunResult, k: int, plans: list[tuple[str, Plan]],
+                 known: Comparison | None = None) -> tuple[dict[str, Any], Comparison]:
+        """The chosen plan's branch against the best of `plans` (two-stage, the chosen plan always at full H), and
+        the comparison's branches."""
         s = self.settings
         cmp = compare(run, plans, self._ctx.continuation(k), k * self.period_s, self.period_s, s.H, self.gstar,
-                      always=("chosen",), top=s.top, cost=s.cost, basis=s.basis,
-                      replicates=s.replicates)  # fmt: skip
+                      always=("chosen",), top=s.top, cost=s.cost, basis=s.basis, replicates=s.replicates,
+                      known=known)  # fmt: skip
         best_label, best = cmp.best()
         chosen = cmp.full["chosen"]
         return {
@@ -237,7 +241,7 @@ class RegretAudit:
             "set_size": len(plans),
             "H": s.H,
             "g_star": self.gstar,
-        }
+        }, cmp
 
     def attach(self, run: RunResult) -> None:
         """Write each audited decision's outcome into its decision record's `realized` field."""

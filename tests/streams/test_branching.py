@@ -21,8 +21,10 @@ from schemas.plan import Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
 from streams.replay.branching import (
     Branch,
+    Comparison,
     branch_mean,
     branch_value,
+    compare,
     live_replicas,
     null_variants,
     sample_periods,
@@ -226,6 +228,35 @@ def test_the_regret_floor_compares_the_chosen_plan_with_its_null_variants(wl: Wo
     with pytest.raises(SystemExit, match="--regret-floor"):
         _check_branching(argparse.Namespace(realized_regret="", regret_floor=True, hindsight=False, hindsight_k=16),
                          ["production"])  # fmt: skip
+
+
+def test_a_comparison_reuses_the_branches_it_is_given(wl: Workload, prod: RunResult,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare(known=...): the branches an earlier comparison ran for a label (the regret floor's chosen plan) are
+    taken, not run again, and equal what running them again gives."""
+    import streams.replay.branching as branching
+
+    ran: list[str] = []
+    real = branching.branch_mean
+    monkeypatch.setattr(branching, "branch_mean", lambda *a, **kw: ran.append(kw["label"]) or real(*a, **kw))
+    seen: dict[str, Comparison] = {}
+
+    def intercept(k: int, run: RunResult, plan: Plan) -> Plan:
+        if k == 1:
+            plans = [("chosen", plan), *null_variants(plan)]
+            args = (run, plans, lambda j: prod.plan_by_period.get(k + j, plan), k * P, P, 1, g_star(prod))
+            seen["fresh"] = compare(*args, always=("chosen",), top=1)
+            ran.clear()
+            mine = Comparison({"chosen": seen["fresh"].screened["chosen"]}, {"chosen": seen["fresh"].full["chosen"]})
+            seen["again"] = compare(*args, always=("chosen",), top=1, known=mine)
+            seen["ran"] = list(ran)  # type: ignore[assignment]
+        return plan
+
+    _run(wl, create("production"), intercept)
+    fresh, again = seen["fresh"], seen["again"]
+    assert "chosen" not in seen["ran"] and len(seen["ran"]) >= len(null_variants(Plan(pools=())))  # the others run
+    assert again.full["chosen"] is fresh.full["chosen"]
+    assert {lbl: b.value for lbl, b in again.full.items()} == {lbl: b.value for lbl, b in fresh.full.items()}
 
 
 def test_production_regret_audit_is_consistent(wl: Workload, prod: RunResult) -> None:
