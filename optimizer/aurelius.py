@@ -196,6 +196,7 @@ class AureliusPolicy(Policy):
         self._last_forecast: DisturbanceForecast | None = None  # the last decision's forecast of its period
         self._ramps: dict[tuple[str, str], RampLine] = {}  # classes whose rate climbed inside the last period
         self._breakeven: float | None = None  # the fleet's energy break-even ($/MWh), set at start
+        self._arrivals_since: datetime | None = None  # set at start and by the first arrivals (ramp_lines)
 
     def start(self, ctx: PolicyContext, history: History) -> Plan:
         if self.forecast_provider is None or self.world_model is None:
@@ -208,6 +209,9 @@ class AureliusPolicy(Policy):
         self._last_forecast = None
         self._ramps = {}
         self._fresh = history.prices.height == 0 and history.arrivals_per_minute.height == 0
+        # the first instant the arrivals cover (the ramp's bins): the window start, or on a fresh start (a worker
+        # without history) the first arrival observed, which may fall inside a period
+        self._arrivals_since = None if self._fresh else ctx.window_start
         self._seen_telemetry = self._seen_arrivals = False
         ref = self.reference_policy or create(self.reference)
         self.reference_policy = ref
@@ -232,7 +236,10 @@ class AureliusPolicy(Policy):
         try:
             self._observed.update_arrivals(obs.arrivals)
             ramps_on = self.guard is not None and self.guard.ramp
-            self._ramps = ramp_lines(obs.arrivals, obs.as_of, self._ctx.period_s) if ramps_on else {}
+            if self._arrivals_since is None and obs.arrivals.height:
+                self._arrivals_since = obs.arrivals["event_at"].min()
+            since = self._arrivals_since
+            self._ramps = ramp_lines(obs.arrivals, obs.as_of, self._ctx.period_s, since=since) if ramps_on else {}
             self._seen_telemetry |= obs.telemetry.height > 0
             self._seen_arrivals |= obs.arrivals.height > 0
             assert self.forecast_provider is not None and self.world_model is not None

@@ -47,11 +47,17 @@ class RampLine:
 
 
 def ramp_lines(
-    arrivals: pl.DataFrame, as_of: datetime, period_s: float, bin_s: float = RAMP_BIN_S.value
+    arrivals: pl.DataFrame,
+    as_of: datetime,
+    period_s: float,
+    bin_s: float = RAMP_BIN_S.value,
+    since: datetime | None = None,
 ) -> dict[tuple[str, str], RampLine]:
     """Per (class, model) whose rate rose inside (as_of - period_s, as_of] beyond the scatter of its per-bin
     counts, the least-squares line through those counts (req/s); nothing for the other classes, or for a period
-    of fewer than 3 bins.
+    of fewer than 3 bins observed. `since`: the first instant the arrivals cover (a worker started without history
+    sees only the end of its first period): bins ending by then are left out and the bin it falls in is a rate over
+    its observed seconds; None: the whole period observed.
 
     >>> from datetime import timezone
     >>> t0 = datetime(2023, 8, 17, 1, 30, tzinfo=timezone.utc)
@@ -73,6 +79,9 @@ def ramp_lines(
     {}
     >>> ramp_lines(minutes([1600, 1610, 1590, 1605, 2400]), t0, 300.0)  # one busy minute is no ramp
     {}
+    >>> late = minutes([0, 0, 800, 1600, 1600])  # a worker that started 2.5 minutes in: flat, not a climb
+    >>> sorted(ramp_lines(late, t0, 300.0)), ramp_lines(late, t0, 300.0, since=t0 - timedelta(seconds=150))
+    ([('chat', 'llama-3.1-70b')], {})
     """
     n_bins = int(period_s // bin_s)
     if n_bins < 3 or arrivals.height == 0:
@@ -83,15 +92,22 @@ def ramp_lines(
         return {}
     offset = (pl.col("event_at") - start).dt.total_microseconds() / 1e6
     binned = recent.with_columns((offset // bin_s).clip(0, n_bins - 1).cast(pl.Int64).alias("_bin"))
+    # observed seconds per bin (s): the whole bin, less what came before `since`
+    lead = (since - start).total_seconds() if since is not None and since > start else 0.0
+    seen = np.clip((np.arange(n_bins) + 1) * bin_s - lead, 0.0, bin_s)
+    keep = seen > 0
+    n_seen = int(keep.sum())
+    if n_seen < 3:
+        return {}
     # bin centres relative to as_of (s): -(n - 0.5) bin .. -0.5 bin
-    x = (np.arange(n_bins) + 0.5) * bin_s - n_bins * bin_s
-    critical = float(stats.t.ppf(RAMP_CONFIDENCE.value, n_bins - 2))
+    x = ((np.arange(n_bins) + 0.5) * bin_s - n_bins * bin_s)[keep]
+    critical = float(stats.t.ppf(RAMP_CONFIDENCE.value, n_seen - 2))
     out: dict[tuple[str, str], RampLine] = {}
     for (cls, model), part in binned.group_by("request_class", "model"):
-        y = np.bincount(part["_bin"].to_numpy(), minlength=n_bins).astype(float) / bin_s
+        y = np.bincount(part["_bin"].to_numpy(), minlength=n_bins)[keep] / seen[keep]
         slope, intercept = np.polyfit(x, y, 1)
         resid = y - (intercept + slope * x)
-        se = float(np.sqrt(resid @ resid / (n_bins - 2) / ((x - x.mean()) @ (x - x.mean()))))
+        se = float(np.sqrt(resid @ resid / (n_seen - 2) / ((x - x.mean()) @ (x - x.mean()))))
         if slope > 0 and (se == 0.0 or slope / se > critical):
             out[(str(cls), str(model))] = RampLine(as_of, float(intercept), float(slope))
     return out

@@ -28,6 +28,7 @@ from optimizer.levers import plan_key
 from optimizer.registry import create, names
 from optimizer.scale_guard import ScaleGuard
 from schemas.audit import decision_id
+from schemas.policy import History
 
 SCHEMA = fastjsonschema.compile(json.loads(Path("schemas/audit_record.v1.schema.json").read_text()))
 PERIODS = 6
@@ -308,6 +309,31 @@ def test_the_guard_serves_a_ramp_still_climbing_when_the_period_closed(ramp: boo
     assert rec["scale_guard"]["need"] == {"site-pjm/llama-3.1-70b/H100": need}
     ramps = rec["scale_guard"]["ramps"]
     assert ramps.get("chat/llama-3.1-70b") == ({"level": 6.0, "slope": 0.02} if ramp else None)
+
+
+def _late_start(k: int):
+    """observations(k) with each class's arrivals spread evenly over the period's second half (a worker that
+    started mid-period sees its first period so: flat, not climbing)."""
+    obs = observations(k)
+    parts = []
+    for _, part in obs.arrivals.group_by("request_class"):
+        n = part.height
+        at = [obs.as_of - timedelta(seconds=PERIOD_S / 2 * (i + 0.5) / n) for i in range(n)]
+        parts.append(part.with_columns(pl.Series("event_at", at, dtype=part.schema["event_at"])))
+    return replace(obs, arrivals=pl.concat(parts))
+
+
+@pytest.mark.parametrize(("fresh", "climbing"), [(True, False), (False, True)])
+def test_a_fresh_start_reads_no_ramp_from_the_part_of_its_first_period_it_did_not_see(fresh: bool, climbing: bool):
+    """A worker started without history mid-period: its first arrivals (every class flat over the second half) are
+    binned from the first arrival on, so no ramp; with history the period counts whole, and an empty first half
+    followed by a flat rate is a climb in every class."""
+    pol = AureliusPolicy(world_model=_RampWorld(0), reference_policy=StubReference(), audit=False,
+                         forecast_provider=PersistenceForecasts())
+    pol.start(context(), History(pl.DataFrame(), pl.DataFrame(), pl.DataFrame()) if fresh else history())
+    pol.plan(_late_start(1))
+    ramps = pol.last_decision()["scale_guard"]["ramps"]
+    assert sorted(ramps) == (["batch/llama-3.1-70b", "chat/llama-3.1-70b", "code/llama-3.1-8b"] if climbing else [])
 
 
 def test_the_reference_runs_at_the_tuned_precision_where_the_gpu_has_it():
