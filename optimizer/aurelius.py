@@ -32,7 +32,7 @@ import polars as pl
 
 from forecasting.bundle import MissingInputError
 from optimizer.audit_grid import audit_grid, grid_size, run_audit
-from optimizer.baselines.tuned import with_clock_share, with_precision
+from optimizer.baselines.tuned import with_clock_share, with_precision, with_token_budget
 from optimizer.candidates import GenerationInputs, generate
 from optimizer.clock_price import ClockPrices
 from optimizer.decision_record import build_record
@@ -264,8 +264,7 @@ class AureliusPolicy(Policy):
             plan = replace(with_precision(plan, weights, kv), label=f"{plan.label} at {weights}/kv {kv}")
         if self.reference_token_budget is not None:
             budget = self.reference_token_budget
-            plan = replace(plan, pools=tuple(replace(p, max_num_batched_tokens=budget) for p in plan.pools),
-                           label=f"{plan.label}, {budget} tokens/iteration")  # fmt: skip
+            plan = replace(with_token_budget(plan, budget), label=f"{plan.label}, {budget} tokens/iteration")
         return plan
 
     def last_decision(self) -> dict[str, Any] | None:

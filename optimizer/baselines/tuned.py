@@ -193,13 +193,23 @@ def with_clock_share(plan: Plan, share: float) -> Plan:
     return replace(plan, pools=tuple(pools))
 
 
+def with_token_budget(plan: Plan, tokens: int | None) -> Plan:
+    """`plan` with every pool's chunked-prefill token budget at `tokens` per iteration (None: the engine's
+    default); nothing else changed (a restart setting, like the precision).
+
+    >>> from schemas.plan import PoolPlan
+    >>> p = Plan((PoolPlan("s", "m", "H100", 1, 8, 4, "bf16", 1024, 1980),))
+    >>> [q.max_num_batched_tokens for q in with_token_budget(p, 2048).pools]
+    [2048]
+    """
+    return replace(plan, pools=tuple(replace(p, max_num_batched_tokens=tokens) for p in plan.pools))
+
+
 def _configure(plan: Plan, cfg: StaticConfig) -> Plan:
     """`plan` with the configuration applied to every pool (precision and KV dtype where the GPU allows)."""
-    pools = [
-        replace(p, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                max_batch=p.max_batch if cfg.max_batch is None else cfg.max_batch)
-        for p in with_clock_share(with_precision(plan, cfg.precision, cfg.kv_dtype), cfg.clock_share).pools
-    ]  # fmt: skip
+    engine = with_token_budget(with_precision(plan, cfg.precision, cfg.kv_dtype), cfg.max_num_batched_tokens)
+    pools = [replace(p, max_batch=p.max_batch if cfg.max_batch is None else cfg.max_batch)
+             for p in with_clock_share(engine, cfg.clock_share).pools]  # fmt: skip
     return replace(plan, pools=tuple(pools), autoscale_target=cfg.target)
 
 
