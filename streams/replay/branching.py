@@ -3,10 +3,10 @@
 A branch forks the run's runtime at a period boundary t0 (`SiteRuntime.fork`: every array copied, the
 same future arrivals and sizes, no random numbers in the engine), applies one plan for the decided period
 [t0, t0 + period), then the continuation (the production reference's plans, closed loop through the
-runtime's autoscaler) for H more periods, and then on, in DRAIN_STEP_S steps, until every request that
-arrived in [t0, t0 + (1 + H) period) has finished or is past the last instant it could still meet its SLA,
-at most DRAIN_CAP_S after the H periods (requests still open then count as unmet; `unresolved` says how
-many). Its value is
+runtime's autoscaler, at the decided plan's engine restart settings: `keep_engine`) for H more periods, and
+then on, in DRAIN_STEP_S steps, until every request that arrived in [t0, t0 + (1 + H) period) has finished or
+is past the last instant it could still meet its SLA, at most DRAIN_CAP_S after the H periods (requests still
+open then count as unmet; `unresolved` says how many). Its value is
 
     value = sla_met - g* x cost
 
@@ -46,6 +46,8 @@ from streams.replay.driver import RunResult
 from streams.replay.metrics import cost_between, request_outcomes
 from worldmodel.groundtruth import state as st
 
+#: a pool's engine restart settings (a change reloads its replicas): the continuation keeps the decided plan's
+ENGINE_FIELDS = ("precision", "kv_dtype", "max_num_batched_tokens")
 #: continuation periods after the decided one (H)
 DEFAULT_H = 2
 #: the longest a branch runs on after its H continuation periods for its requests to resolve (s)
@@ -119,13 +121,35 @@ class Branch:
         )
 
 
-def _continuation(continuation: Continuation, j: int) -> Plan:
-    """The continuation's plan for the j-th period after the decided one (j >= 1)."""
+def _continuation(continuation: Continuation, j: int, decided: Plan) -> Plan:
+    """The continuation's plan for the j-th period after the decided one (j >= 1), at the decided plan's
+    engine settings (`keep_engine`)."""
     if isinstance(continuation, Plan):
-        return continuation
-    if callable(continuation):
-        return continuation(j)
-    return continuation[min(j - 1, len(continuation) - 1)]
+        plan = continuation
+    elif callable(continuation):
+        plan = continuation(j)
+    else:
+        plan = continuation[min(j - 1, len(continuation) - 1)]
+    return keep_engine(plan, decided)
+
+
+def keep_engine(plan: Plan, decided: Plan) -> Plan:
+    """`plan` with each pool's engine restart settings (ENGINE_FIELDS) taken from `decided`'s pool of the same
+    key (pools `decided` does not hold unchanged): the continuation schedules capacity, routing, batching and
+    clock as its policy would, and does not undo a restart the decision paid for (nor make the branch pay one
+    the decision did not choose).
+
+    >>> from schemas.plan import PoolPlan
+    >>> cont = Plan((PoolPlan("s", "m", "H100", 1, 8, 4, "bf16", 1024, 1980),), label="production")
+    >>> decided = Plan((PoolPlan("s", "m", "H100", 2, 2, 4, "fp8", 256, 1600, "fp8", 2048),))
+    >>> q = keep_engine(cont, decided).pools[0]
+    >>> (q.precision, q.kv_dtype, q.max_num_batched_tokens), (q.replica_floor, q.max_batch, q.sm_clock_mhz)
+    (('fp8', 'fp8', 2048), (1, 1024, 1980))
+    """
+    by_key = {p.key: p for p in decided.pools}
+    pools = tuple(replace(p, **{f: getattr(by_key[p.key], f) for f in ENGINE_FIELDS}) if p.key in by_key else p
+                  for p in plan.pools)  # fmt: skip
+    return plan.with_pools(pools)
 
 
 def sla_dead_s(run: RunResult) -> np.ndarray:
@@ -177,7 +201,7 @@ def branch_value(
     rt.apply_plan(plan)
     for j in range(1, H + 1):
         rt.advance(t0 + j * period_s)
-        rt.apply_plan(_continuation(continuation, j))
+        rt.apply_plan(_continuation(continuation, j, plan))
     rt.advance(t_h)
     t = t_h
     if drain:
@@ -191,7 +215,7 @@ def branch_value(
             boundary = t0 + j * period_s
             if t >= boundary:  # the continuation's next period starts: apply its plan there
                 rt.advance(boundary)
-                rt.apply_plan(_continuation(continuation, j))
+                rt.apply_plan(_continuation(continuation, j, plan))
                 j += 1
             rt.advance(t)
     o = request_outcomes(br)

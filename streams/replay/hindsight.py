@@ -33,6 +33,7 @@ from streams.replay.branching import (
     DEFAULT_REPLICATES,
     DRAIN_CAP_S,
     DRAIN_STEP_S,
+    ENGINE_FIELDS,
     NOISE_S,
     SCREEN_TOP,
     SLA_SLACK,
@@ -77,6 +78,8 @@ class BranchSettings:
             f"stage-1 screen on the first replicate; branching.py)"
             if self.replicates
             else "the realization alone",
+            "continuation": f"{CONTINUATION}'s plans (the hindsight arm: its lead's), closed loop through the "
+            f"runtime's autoscaler, at the decided plan's engine restart settings ({', '.join(ENGINE_FIELDS)})",
             "drain_step_s": DRAIN_STEP_S,
             "drain_cap_s": DRAIN_CAP_S,
             "sla_gate": f"per-class violation rate within production's branch + {SLA_SLACK * 100:.1f} pp",

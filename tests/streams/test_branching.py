@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from optimizer.baselines.tuned import with_precision, with_token_budget
 from optimizer.lever_spread import lever_spread
 from optimizer.registry import create, names
 from optimizer.wiring import build_policy
@@ -150,6 +151,26 @@ def test_half_capacity_branch_differs(wl: Workload) -> None:
     # the decided period itself differs: production scales this light load in below half the live fleet at
     # once, the pinned half fleet holds more GPUs
     assert got["half0"].cost_usd != pytest.approx(got["same0"].cost_usd, rel=1e-3)
+
+
+def test_the_continuation_keeps_the_decided_plans_engine_settings(wl: Workload) -> None:
+    """A decision that restarts the fleet at fp8 with a 2048-token budget is not undone by production's bf16
+    continuation: its branch equals the branch whose continuation is production's plans at those settings, and
+    differs from production's own branch (the restart is paid once, in the decided period)."""
+    got: dict[str, Branch] = {}
+
+    def branches(k: int, run: RunResult, plan: Plan) -> Plan:
+        if k == 1:
+            fp8 = replace(with_token_budget(with_precision(plan, "fp8", "fp8"), 2048), label="fp8")
+            assert any(p.precision == "fp8" for p in fp8.pools)
+            got["fp8"] = branch_value(run, fp8, plan, k * P, P, 1, G_STAR)
+            got["fp8 continued at fp8"] = branch_value(run, fp8, replace(fp8, label=plan.label), k * P, P, 1, G_STAR)
+            got["production"] = branch_value(run, plan, plan, k * P, P, 1, G_STAR)
+        return plan
+
+    _run(wl, create("production"), branches)
+    assert _same(got["fp8"], got["fp8 continued at fp8"])
+    assert not _same(got["fp8"], got["production"])
 
 
 class Bloated(Policy):
