@@ -456,7 +456,7 @@ class AureliusPolicy(Policy):
         else:
             cands = self._candidates(as_of, forecasts, ref_plan, space, serving, schedule)
             cands[1:1] = [replace(p, label=f"reference:{p.label}") for p in other_refs]
-            result = search(cands, score, space, self.search_config, n_grid)
+            result = search(cands, score, space, self.search_config, n_grid, ref_plan)
             fixed = self.gate_config.pareto_min_gain
             margin = fixed if fixed is not None else (lambda p, r=reference.plan: self.margins.of(p, r))
             decision = decide(result.ranked, reference, objective, self.gate_config.pareto_tolerance_pp, margin)

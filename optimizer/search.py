@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from optimizer.fallback import Scored
 from optimizer.levers import LeverSpace, neighbours, plan_key
+from optimizer.margins import families_moved
 from schemas.plan import Plan
 
 LEVER_STAGES: tuple[tuple[str, ...], ...] = (("clock", "batch", "precision"), ("admission", "capacity"),
@@ -62,13 +63,26 @@ class SearchResult:
         return self.ranked[0]
 
 
-def rank(scored: Sequence[Scored]) -> list[Scored]:
-    """Feasible plans first, each group by score, best first (stable for ties)."""
-    return sorted(scored, key=lambda s: (not s.feasible, -s.score))
+def rank(scored: Sequence[Scored], reference: Plan | None = None) -> list[Scored]:
+    """Feasible plans first, each group by score, best first; among equal scores the plan moving fewer lever
+    families from `reference` first (a lever the model sees no value in stays where the reference has it),
+    then in evaluation order.
+
+    >>> from optimizer.fallback import Scored
+    >>> from schemas.plan import BatchAdmission, PoolPlan
+    >>> ref = Plan((PoolPlan("s", "m", "H100", 1, 8, 4, "bf16", 256, 1980),), label="reference")
+    >>> moved = replace(ref, batch_admission=BatchAdmission.IMMEDIATE, label="immediate")
+    >>> tied = [Scored(moved, None, 83.2, ()), Scored(ref, None, 83.2, ())]
+    >>> [s.plan.label for s in rank(tied)], [s.plan.label for s in rank(tied, ref)]
+    (['immediate', 'reference'], ['reference', 'immediate'])
+    """
+    if reference is None:
+        return sorted(scored, key=lambda s: (not s.feasible, -s.score))
+    return sorted(scored, key=lambda s: (not s.feasible, -s.score, len(families_moved(s.plan, reference))))
 
 
 def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: LeverSpace,
-           cfg: SearchConfig, grid_size: int) -> SearchResult:
+           cfg: SearchConfig, grid_size: int, reference: Plan | None = None) -> SearchResult:
     """Run the bounded coupled search (module docstring).
 
     Parameters
@@ -78,6 +92,7 @@ def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: L
     space : the lever value sets the coordinate moves stay inside.
     cfg : search settings.
     grid_size : the audit grid's size (count); caps the budget at cfg.grid_share of it.
+    reference : the plan ties are broken towards (`rank`); None: evaluation order alone.
     """
     budget = cfg.budget(grid_size)
     seen: dict[tuple[object, ...], Scored] = {}
@@ -92,11 +107,11 @@ def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: L
     for c in candidates:
         run(c)
     if not cfg.expand:
-        return SearchResult(tuple(rank(list(seen.values()))), len(seen), "no-expand", 0)
-    if _clear(rank(list(seen.values())), cfg.close_margin):
-        return SearchResult(tuple(rank(list(seen.values()))), len(seen), "clear", 0)
+        return SearchResult(tuple(rank(list(seen.values()), reference)), len(seen), "no-expand", 0)
+    if _clear(rank(list(seen.values()), reference), cfg.close_margin):
+        return SearchResult(tuple(rank(list(seen.values()), reference)), len(seen), "clear", 0)
     stages_run = 0
-    for start in rank(list(seen.values()))[: cfg.top_k]:
+    for start in rank(list(seen.values()), reference)[: cfg.top_k]:
         current, so_far = start, ()
         for levers in cfg.stages:
             stages_run += 1
@@ -108,7 +123,7 @@ def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: L
             if len(seen) >= budget:
                 break
     reason = "budget" if len(seen) >= budget else "converged"
-    return SearchResult(tuple(rank(list(seen.values()))), len(seen), reason, stages_run)
+    return SearchResult(tuple(rank(list(seen.values()), reference)), len(seen), reason, stages_run)
 
 
 def _cycle(current: Scored, levers: tuple[str, ...], space: LeverSpace, run: Callable[[Plan], bool],

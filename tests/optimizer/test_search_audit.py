@@ -92,3 +92,19 @@ def test_budget_is_capped_by_the_grid_share():
 def test_fixed_grid_mode_does_not_expand():
     res = search([REF], scorer([]), SPACE, SearchConfig(expand=False), 600)
     assert res.stop_reason == "no-expand" and res.evaluations == 1
+
+
+def test_a_tie_keeps_the_lever_the_model_sees_no_value_in_where_the_reference_has_it():
+    """After arrivals stop the forward model scores IMMEDIATE and PRESSURE admission alike (nothing offered);
+    the ground truth does not (ERCOT's default window, seed 0: IMMEDIATE cost 1.1% gp/$ and chat +0.6 pp). A tie
+    goes to the plan moving fewer lever families from the reference, whatever order it was generated in."""
+    moved = replace(REF, batch_admission="immediate", label="immediate")
+    assert str(REF.batch_admission) != "immediate"
+
+    def flat(plan) -> Scored:  # the admission makes no predicted difference
+        out = PredictedOutcome((), 1.0, 1.0, 1.0, 1.0, 1.0, 0, 0.0, 1.0, 50.0, 50.0, 50.0)
+        return Scored(plan, out, 50.0, ())
+
+    cfg = SearchConfig(expand=False)
+    assert search([moved, REF], flat, SPACE, cfg, 600, REF).best.plan.label == REF.label
+    assert search([moved, REF], flat, SPACE, cfg, 600).best.plan.label == "immediate"  # evaluation order alone
