@@ -76,9 +76,10 @@ def rank(scored: Sequence[Scored], reference: Plan | None = None) -> list[Scored
     >>> [s.plan.label for s in rank(tied)], [s.plan.label for s in rank(tied, ref)]
     (['immediate', 'reference'], ['reference', 'immediate'])
     """
-    if reference is None:
-        return sorted(scored, key=lambda s: (not s.feasible, -s.score))
-    return sorted(scored, key=lambda s: (not s.feasible, -s.score, len(families_moved(s.plan, reference))))
+    def moved(s: Scored) -> int:
+        return 0 if reference is None else len(families_moved(s.plan, reference))
+
+    return sorted(scored, key=lambda s: (not s.feasible, -s.score, moved(s)))
 
 
 def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: LeverSpace,
@@ -106,12 +107,13 @@ def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: L
 
     for c in candidates:
         run(c)
+    ranked = rank(list(seen.values()), reference)
     if not cfg.expand:
-        return SearchResult(tuple(rank(list(seen.values()), reference)), len(seen), "no-expand", 0)
-    if _clear(rank(list(seen.values()), reference), cfg.close_margin):
-        return SearchResult(tuple(rank(list(seen.values()), reference)), len(seen), "clear", 0)
+        return SearchResult(tuple(ranked), len(seen), "no-expand", 0)
+    if _clear(ranked, cfg.close_margin):
+        return SearchResult(tuple(ranked), len(seen), "clear", 0)
     stages_run = 0
-    for start in rank(list(seen.values()), reference)[: cfg.top_k]:
+    for start in ranked[: cfg.top_k]:
         current, so_far = start, ()
         for levers in cfg.stages:
             stages_run += 1

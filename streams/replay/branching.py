@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.lever_spread import SPREAD_K
+from optimizer.margins import FAMILY_FIELDS
 from schemas.cost import CostConfig
 from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType
 from schemas.plan import Plan, PoolPlan
@@ -47,7 +48,7 @@ from streams.replay.metrics import cost_between, request_outcomes
 from worldmodel.groundtruth import state as st
 
 #: a pool's engine restart settings (a change reloads its replicas): the continuation keeps the decided plan's
-ENGINE_FIELDS = ("precision", "kv_dtype", "max_num_batched_tokens")
+ENGINE_FIELDS = (*FAMILY_FIELDS["precision"][1], *FAMILY_FIELDS["tokens"][1])
 #: continuation periods after the decided one (H)
 DEFAULT_H = 2
 #: the longest a branch runs on after its H continuation periods for its requests to resolve (s)

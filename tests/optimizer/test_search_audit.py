@@ -95,9 +95,8 @@ def test_fixed_grid_mode_does_not_expand():
 
 
 def test_a_tie_keeps_the_lever_the_model_sees_no_value_in_where_the_reference_has_it():
-    """After arrivals stop the forward model scores IMMEDIATE and PRESSURE admission alike (nothing offered);
-    the ground truth does not (ERCOT's default window, seed 0: IMMEDIATE cost 1.1% gp/$ and chat +0.6 pp). A tie
-    goes to the plan moving fewer lever families from the reference, whatever order it was generated in."""
+    """After arrivals stop the forward model scores IMMEDIATE and PRESSURE admission alike (nothing offered). A
+    tie goes to the plan moving fewer lever families from the reference, whatever order it was generated in."""
     moved = replace(REF, batch_admission="immediate", label="immediate")
     assert str(REF.batch_admission) != "immediate"
 
