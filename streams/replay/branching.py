@@ -62,6 +62,9 @@ DEFAULT_K = SPREAD_K
 #: two-stage screening: stage 1 runs every candidate over the decided period only (H = 0, no drain);
 #: stage 2 runs the SCREEN_TOP best of stage 1 (and production, the gate's baseline) at full H
 SCREEN_TOP = 3
+#: and the SCREEN_RESTART_TOP best of stage 1 among the plans that restart an engine (`restarts`): a restart's
+#: reload falls inside the screened period, what it buys after it, so the one-period screen ranks them last
+SCREEN_RESTART_TOP = 1
 #: the largest arrival shift of a noise replicate (s): below the ms resolution of recorded arrival times
 NOISE_S = 1e-3
 #: noise replicates per branched plan (replicates 1..R; 0: the realization alone)
@@ -151,6 +154,19 @@ def keep_engine(plan: Plan, decided: Plan) -> Plan:
     pools = tuple(replace(p, **{f: getattr(by_key[p.key], f) for f in ENGINE_FIELDS}) if p.key in by_key else p
                   for p in plan.pools)  # fmt: skip
     return plan.with_pools(pools)
+
+
+def restarts(plan: Plan, running: Plan) -> bool:
+    """Whether `plan` changes an engine restart setting (ENGINE_FIELDS) of a pool `running` holds.
+
+    >>> from schemas.plan import PoolPlan
+    >>> bf16 = Plan((PoolPlan("s", "m", "H100", 1, 8, 256, "bf16", 1024, 1980),))
+    >>> restarts(bf16, bf16), restarts(keep_engine(bf16, Plan((replace(bf16.pools[0], precision="fp8"),))), bf16)
+    (False, True)
+    """
+    by_key = {p.key: p for p in running.pools}
+    return any(getattr(p, f) != getattr(by_key[p.key], f) for p in plan.pools if p.key in by_key
+               for f in ENGINE_FIELDS)  # fmt: skip
 
 
 def sla_dead_s(run: RunResult) -> np.ndarray:
@@ -362,23 +378,27 @@ def compare(
     *,
     always: Sequence[str] = (),
     top: int = SCREEN_TOP,
+    restart_top: int = SCREEN_RESTART_TOP,
     cost: CostConfig | None = None,
     basis: str = "rented",
     replicates: int = 0,
     known: Comparison | None = None,
 ) -> Comparison:
-    """Two-stage: every plan over the decided period only; then the `top` best of that screen and the
-    `always` labels at full H with the drain, averaged over `replicates` noise replicates (the screen on the first
-    of them alone). `known`: branches already run for some labels, of the same plans at the same decision and
-    settings (an earlier comparison's), reused instead of run again."""
+    """Two-stage: every plan over the decided period only; then the `top` best of that screen, the `restart_top`
+    best of it among the plans that restart an engine the run ran the period before (`restarts`), and the `always`
+    labels at full H with the drain, averaged over `replicates` noise replicates (the screen on the first of them
+    alone). `known`: branches already run for some labels, of the same plans at the same decision and settings
+    (an earlier comparison's), reused instead of run again."""
     kw: dict[str, Any] = {"cost": cost, "basis": basis}
     done = known or Comparison({}, {})
     screened = {lbl: done.screened.get(lbl) or branch_mean(run, p, continuation, t0, period_s, 0, g_star,
                                                            drain=False, label=lbl, replicates=min(replicates, 1), **kw)
                 for lbl, p in plans}  # fmt: skip
     ranked = sorted(screened, key=lambda lbl: screened[lbl].value, reverse=True)
-    keep = list(dict.fromkeys([*always, *ranked[:top]]))
     by_label = dict(plans)
+    running = run.plan_by_period.get(round(t0 / period_s) - 1)
+    restarting = [lbl for lbl in ranked if running is not None and restarts(by_label[lbl], running)]
+    keep = list(dict.fromkeys([*always, *ranked[:top], *restarting[:restart_top]]))
     full = {lbl: done.full.get(lbl) or branch_mean(run, by_label[lbl], continuation, t0, period_s, H, g_star,
                                                    label=lbl, replicates=replicates, **kw)
             for lbl in keep}  # fmt: skip

@@ -35,6 +35,7 @@ from streams.replay.branching import (
     DRAIN_STEP_S,
     ENGINE_FIELDS,
     NOISE_S,
+    SCREEN_RESTART_TOP,
     SCREEN_TOP,
     SLA_SLACK,
     Comparison,
@@ -56,11 +57,13 @@ CONTINUATION = "production"
 
 @dataclass(frozen=True)
 class BranchSettings:
-    """K candidates per period, H continuation periods, stage-2 width, noise replicates per branch, cost basis."""
+    """K candidates per period, H continuation periods, stage-2 width (and of it, restarts), noise replicates per
+    branch, cost basis."""
 
     K: int = DEFAULT_K
     H: int = DEFAULT_H
     top: int = SCREEN_TOP
+    restart_top: int = SCREEN_RESTART_TOP
     replicates: int = DEFAULT_REPLICATES
     basis: str = "rented"
     cost: CostConfig | None = None
@@ -70,8 +73,9 @@ class BranchSettings:
             "K": self.K,
             "H": self.H,
             "screening": f"stage 1: every candidate over the decided period only (H = 0, no drain); stage 2: "
-            f"the {self.top} best of stage 1, production's plan (the gate's baseline) and, for the regret "
-            f"audit, the chosen plan at H = {self.H} with the drain",
+            f"the {self.top} best of stage 1, the {self.restart_top} best of it among the plans that restart an "
+            f"engine (change {', '.join(ENGINE_FIELDS)} from the plan run the period before), production's plan "
+            f"(the gate's baseline) and, for the regret audit, the chosen plan at H = {self.H} with the drain",
             "replicates": self.replicates,
             "noise": f"every stage-2 branch averaged over {self.replicates} noise replicates (arrivals not yet "
             f"arrived shifted later by under {NOISE_S * 1e3:.0f} ms, order kept; the realization left out; the "
@@ -171,8 +175,8 @@ def run_hindsight(
         t = time.perf_counter()
         plans = ctx.plans(run, k)
         cmp = compare(run, plans, ctx.continuation(k), k * period_s, period_s, settings.H, gstar,
-                      always=(f"ref:{start_from}",), top=settings.top, cost=settings.cost,
-                      basis=settings.basis, replicates=settings.replicates)  # fmt: skip
+                      always=(f"ref:{start_from}",), top=settings.top, restart_top=settings.restart_top,
+                      cost=settings.cost, basis=settings.basis, replicates=settings.replicates)  # fmt: skip
         label, best = cmp.best(gate=f"ref:{start_from}")
         choices.append({
             "period": k, "chosen": label, "value": best.value, "gp_per_dollar": best.gp_per_dollar,
@@ -228,7 +232,8 @@ class RegretAudit:
         the comparison's branches."""
         s = self.settings
         cmp = compare(run, plans, self._ctx.continuation(k), k * self.period_s, self.period_s, s.H, self.gstar,
-                      always=("chosen",), top=s.top, cost=s.cost, basis=s.basis, replicates=s.replicates,
+                      always=("chosen",), top=s.top, restart_top=s.restart_top, cost=s.cost, basis=s.basis,
+                      replicates=s.replicates,
                       known=known)  # fmt: skip
         best_label, best = cmp.best()
         chosen = cmp.full["chosen"]

@@ -280,6 +280,27 @@ def test_a_comparison_reuses_the_branches_it_is_given(wl: Workload, prod: RunRes
     assert {lbl: b.value for lbl, b in again.full.items()} == {lbl: b.value for lbl, b in fresh.full.items()}
 
 
+def test_the_best_screened_restart_reaches_the_full_branches(wl: Workload, prod: RunResult) -> None:
+    """A plan that restarts the engine pays its reload inside the one-period screen, so the screen ranks it below
+    plans that do not; the comparison still runs the best-screened restart at full H (SCREEN_RESTART_TOP), where
+    what it buys after the reload counts."""
+    seen: dict[str, Comparison] = {}
+
+    def intercept(k: int, run: RunResult, plan: Plan) -> Plan:
+        if k == 1:
+            fp8 = replace(with_precision(plan, "fp8", "fp8"), label="fp8")
+            plans = [("chosen", plan), *null_variants(plan), ("fp8", fp8)]
+            seen["cmp"] = compare(run, plans, lambda j: prod.plan_by_period.get(k + j, plan), k * P, P, 1,
+                                  g_star(prod), always=("chosen",), top=1)  # fmt: skip
+        return plan
+
+    _run(wl, create("production"), intercept)
+    cmp = seen["cmp"]
+    ranked = sorted(cmp.screened, key=lambda lbl: cmp.screened[lbl].value, reverse=True)
+    assert ranked[-1] == "fp8"  # the reload falls in the screened period
+    assert set(cmp.full) == {"chosen", ranked[0], "fp8"}
+
+
 def test_production_regret_audit_is_consistent(wl: Workload, prod: RunResult) -> None:
     """Auditing production itself: the chosen plan is in the set, so regret >= 0 and the set holds >= 16."""
     audit = RegretAudit({"production": prod}, g_star(prod), P, PERIODS, 0, BranchSettings(K=16, H=1))
