@@ -110,13 +110,14 @@ def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Phy
         g = guard if price is None or price < breakeven else replace(guard, target=energy_target)
         return g.apply(plan, GuardInputs(live_replicas(run), {}, waiting(run)))
 
-    run = run_replay(wl, create("production"), default_fleet(), period_s=300.0, physics=physics,
-                     initial_replicas=initial, intercept=intercept)  # fmt: skip
-    return _summary(run)
+    return _replayed(wl, "production", initial, physics, intercept)
 
 
-def _summary(run: Any) -> dict[str, float]:
-    """gp/$ on both bases and each class's violation rate (%) of one replay."""
+def _replayed(wl: Workload, policy: str, initial: dict, physics: Physics, intercept: Any = None) -> dict[str, float]:
+    """gp/$ on both bases and each class's violation rate (%) of one replay of `policy` (a registry name) on the
+    default fleet from `initial`, each plan through `intercept` when given."""
+    run = run_replay(wl, create(policy), default_fleet(), period_s=300.0, physics=physics, initial_replicas=initial,
+                     intercept=intercept)  # fmt: skip
     s = summarize(run)
     out = {"gp": s["gp_per_dollar"], "gp_owned": s["gp_per_dollar_owned"]}
     for c in CLASSES:
@@ -124,28 +125,29 @@ def _summary(run: Any) -> dict[str, float]:
     return out
 
 
-def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], int, str]) -> list[dict[str, Any]]:
+def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], int, str, str]) \
+        -> list[dict[str, Any]]:
     """Every setting of the grid (and production, setting None) on one market and seed's week-before hours (or
-    default window, `source` "window")."""
-    market, seed, periods, replicates, grid, year, source = job
+    window, `source` "window") of the year's window chosen by `rule` ("max" or "median", streams/workload)."""
+    market, seed, periods, replicates, grid, year, source, rule = job
     physics = Physics()
     if source == "window":
-        wl = build_workload(market, year, rule="max", periods=periods, seed=seed)
+        wl = build_workload(market, year, rule=rule, periods=periods, seed=seed)
         initial = lead_in_fleet(market, wl.window.start, default_fleet(), seed=seed, physics=physics)
     else:
-        window = build_workload(market, year, rule="max", periods=1, seed=seed).window
+        window = build_workload(market, year, rule=rule, periods=1, seed=seed).window
         wl, initial = week_before(market, window.start, default_fleet(), seed=seed, physics=physics, periods=periods)
     rows = []
+    label = market if rule == "max" else f"{market}/{rule}"
     for r in range(1, replicates + 1):
         noisy = _noisy(wl, r)
-        run = run_replay(noisy, create("naive"), default_fleet(), period_s=300.0, physics=physics,
-                         initial_replicas=initial)  # fmt: skip
-        rows.append({"market": market, "seed": seed, "replicate": r, "setting": NAIVE, **_summary(run)})
+        rows.append({"market": label, "seed": seed, "replicate": r, "setting": NAIVE,
+                     **_replayed(noisy, NAIVE, initial, physics)})  # fmt: skip
         for setting in [None, *grid]:
             guard = None if setting is None else ScaleGuard(step=setting[0], growth=setting[1], target=setting[2],
                                                             backlog=bool(setting[3]))
             energy = setting[4] if setting is not None and len(setting) > 4 else None
-            rows.append({"market": market, "seed": seed, "replicate": r, "setting": setting,
+            rows.append({"market": label, "seed": seed, "replicate": r, "setting": setting,
                          **_figures(noisy, initial, guard, physics, energy)})  # fmt: skip
     return rows
 
@@ -203,6 +205,9 @@ def main() -> None:
     ap.add_argument("--year", type=int, default=2023, help="the year whose default windows (or week before) fit")
     ap.add_argument("--source", choices=("week-before", "window"), default="week-before",
                     help="the week before each default window, or the window itself (another year's)")
+    ap.add_argument("--window-rules", default="max", help="comma-separated window rules whose week before (or "
+                    "window) fits: max (the default windows), median; rows of a rule other than max are keyed "
+                    "MARKET/RULE, each a market of the choice")
     ap.add_argument("--periods", type=int, default=36, help="periods of the fitted window (count)")
     ap.add_argument("--replicates", type=int, default=3, help="noise replicates per replay (count)")
     ap.add_argument("--steps", default="1,2")
@@ -221,16 +226,17 @@ def main() -> None:
                                   [float(t) for t in args.targets.split(",")],
                                   [int(b) for b in args.backlogs.split(",")]))  # fmt: skip
     grid += [(*g, float(e)) for g in list(grid) for e in args.energy_targets.split(",") if e]
-    jobs = [(m, int(s), args.periods, args.replicates, grid, args.year, args.source) for m in args.markets.split(",")
-            for s in args.seeds.split(",")]  # fmt: skip
+    rules = args.window_rules.split(",")
+    jobs = [(m, int(s), args.periods, args.replicates, grid, args.year, args.source, rule)
+            for rule in rules for m in args.markets.split(",") for s in args.seeds.split(",")]  # fmt: skip
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as ex:
         rows = [r for rs in ex.map(measure, jobs) for r in rs]
     tab = table(rows)
-    markets = args.markets.split(",")
-    print(f"{'setting':<30}" + "".join(f"{m + ' gp':>11}{'own':>7}{'chat':>7}{'code':>7}" for m in markets))
+    markets = [m if rule == "max" else f"{m}/{rule}" for rule in rules for m in args.markets.split(",")]
+    print(f"{'setting':<30}" + "".join(f"{m + ' gp':>14}{'own':>7}{'chat':>7}{'code':>7}" for m in markets))
     for s, by in tab.items():
-        print(f"{s:<30}" + "".join(f"{by[m]['gp'] * 100:>+10.1f}%{by[m]['gp_owned'] * 100:>+6.1f}%"
+        print(f"{s:<30}" + "".join(f"{by[m]['gp'] * 100:>+13.1f}%{by[m]['gp_owned'] * 100:>+6.1f}%"
                                    f"{by[m]['chat']:>+7.2f}{by[m]['code']:>+7.2f}" for m in markets))  # fmt: skip
     chosen = choose(tab, args.slack_pp, args.basis)
     print(f"chosen ({args.basis}): {chosen} ({time.perf_counter() - t0:.0f} s)")
