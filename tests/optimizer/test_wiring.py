@@ -390,7 +390,7 @@ def test_the_workers_cost_basis_reaches_its_policy(tmp_path: Path, monkeypatch: 
 def test_the_owned_guard_takes_the_rented_target_where_energy_outweighs_capital(
         wl: Workload, stream, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The owned-basis arm's guard reads each period's forecast price against the fleet's energy break-even: PJM's
-    window ($338-432/MWh) lies under the default fleet's 692.8, so the owned target (0.6) is committed; with the
+    window ($338-432/MWh) lies under the default fleet's 692.8, so the owned target (0.2) is committed; with the
     break-even put under the price the rented basis's (0.7) is, and the record says why."""
     import optimizer.aurelius as aurelius_module
     from optimizer.scale_guard import GUARD_TARGET, GUARD_TARGET_OWNED
