@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.registry import create
-from optimizer.scale_guard import GuardInputs, ScaleGuard
+from optimizer.scale_guard import ENERGY_RULES, GuardInputs, ScaleGuard, priced_target
 from schemas.cost import COST_BASES, energy_breakeven_usd_mwh
 from schemas.fleet import default_fleet
 from streams.replay.branching import live_replicas, noise_shifts
@@ -96,19 +96,22 @@ def period_prices(wl: Workload, period_s: float = 300.0) -> list[float | None]:
 
 
 def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Physics,
-             energy_target: float | None = None) -> dict[str, float]:
-    """One replay of production's plan under `guard`; with `energy_target`, the guard's target is that in the
-    periods whose price is at or above the fleet's energy break-even (`schemas.cost.energy_breakeven_usd_mwh`),
-    its own elsewhere."""
+             energy_target: float | None = None, rule: str = "step") -> dict[str, float]:
+    """One replay of production's plan under `guard`; with `energy_target`, the guard's target moves from its own
+    to that one with each period's price against the fleet's energy break-even (`schemas.cost.
+    energy_breakeven_usd_mwh`) by `rule` (optimizer/scale_guard.priced_target)."""
     prices = period_prices(wl) if energy_target is not None else []
     breakeven = energy_breakeven_usd_mwh(default_fleet().gpus_by_type())
 
     def intercept(k: int, run: Any, plan: Any) -> Any:
         if guard is None:
             return plan
-        price = prices[min(k, len(prices) - 1)] if prices else None
-        g = guard if price is None or price < breakeven else replace(guard, target=energy_target)
-        return g.apply(plan, GuardInputs(live_replicas(run), {}, waiting(run)))
+        inputs = GuardInputs(live_replicas(run), {}, waiting(run))
+        if not prices or guard.target is None or energy_target is None:
+            return guard.apply(plan, inputs)
+        share = replace(inputs, price_usd_mwh=prices[min(k, len(prices) - 1)], breakeven_usd_mwh=breakeven)
+        target = priced_target(guard.target, energy_target, share.energy_share, rule)
+        return replace(guard, target=target).apply(plan, inputs)
 
     return _replayed(wl, "production", initial, physics, intercept)
 
@@ -146,9 +149,9 @@ def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], 
         for setting in [None, *grid]:
             guard = None if setting is None else ScaleGuard(step=setting[0], growth=setting[1], target=setting[2],
                                                             backlog=bool(setting[3]))
-            energy = setting[4] if setting is not None and len(setting) > 4 else None
+            energy, rule = setting[4:6] if setting is not None and len(setting) > 4 else (None, "step")
             rows.append({"market": label, "seed": seed, "replicate": r, "setting": setting,
-                         **_figures(noisy, initial, guard, physics, energy)})  # fmt: skip
+                         **_figures(noisy, initial, guard, physics, energy, rule)})  # fmt: skip
     return rows
 
 
@@ -190,12 +193,14 @@ def choose(tab: dict[str, dict[str, dict[str, float]]], slack_pp: float, basis: 
     return max(ok, key=ok.__getitem__) if ok else None
 
 
-def _name(setting: tuple[int, float, float, int] | tuple[int, float, float, int, float] | list | str) -> str:
+def _name(setting: tuple[int, float, float, int] | tuple[int, float, float, int, float, str] | list | str) -> str:
     if isinstance(setting, str):
         return setting
     step, growth, target, backlog = setting[:4]
     name = f"step{step}-growth{growth:g}-target{target:g}" + ("-backlog" if backlog else "")
-    return name + (f"-above-breakeven{setting[4]:g}" if len(setting) > 4 else "")
+    if len(setting) <= 4:
+        return name
+    return name + (f"-above-breakeven{setting[4]:g}" if setting[5] == "step" else f"-to{setting[4]:g}-by-price")
 
 
 def main() -> None:
@@ -215,8 +220,10 @@ def main() -> None:
     ap.add_argument("--targets", default="0.6,0.7,0.8")
     ap.add_argument("--backlogs", default="0,1", help="the backlog term off (0) and on (1)")
     ap.add_argument("--energy-targets", default="",
-                    help="also each setting with its target replaced by each of these in the periods whose price is "
-                         "at or above the fleet's energy break-even (schemas.cost.energy_breakeven_usd_mwh)")
+                    help="also each setting with its target replaced by each of these as the period's price reaches "
+                         "the fleet's energy break-even (schemas.cost.energy_breakeven_usd_mwh), by each rule")
+    ap.add_argument("--energy-rules", default="step", help="comma-separated rules (optimizer/scale_guard."
+                    f"ENERGY_RULES: {', '.join(ENERGY_RULES)}) by which an energy target replaces the setting's")
     ap.add_argument("--basis", choices=COST_BASES, default="rented", help="the cost basis the setting is chosen on")
     ap.add_argument("--slack-pp", type=float, default=0.1, help="a class may be worse than production's by (pp)")
     ap.add_argument("--jobs", type=int, default=2)
@@ -225,7 +232,8 @@ def main() -> None:
     grid = list(itertools.product([int(s) for s in args.steps.split(",")], [float(g) for g in args.growths.split(",")],
                                   [float(t) for t in args.targets.split(",")],
                                   [int(b) for b in args.backlogs.split(",")]))  # fmt: skip
-    grid += [(*g, float(e)) for g in list(grid) for e in args.energy_targets.split(",") if e]
+    grid += [(*g, float(e), rule) for g in list(grid) for e in args.energy_targets.split(",") if e
+             for rule in args.energy_rules.split(",")]  # fmt: skip
     rules = args.window_rules.split(",")
     jobs = [(m, int(s), args.periods, args.replicates, grid, args.year, args.source, rule)
             for rule in rules for m in args.markets.split(",") for s in args.seeds.split(",")]  # fmt: skip
@@ -234,9 +242,9 @@ def main() -> None:
         rows = [r for rs in ex.map(measure, jobs) for r in rs]
     tab = table(rows)
     markets = [m if rule == "max" else f"{m}/{rule}" for rule in rules for m in args.markets.split(",")]
-    print(f"{'setting':<30}" + "".join(f"{m + ' gp':>14}{'own':>7}{'chat':>7}{'code':>7}" for m in markets))
+    print(f"{'setting':<44}" + "".join(f"{m + ' gp':>14}{'own':>7}{'chat':>7}{'code':>7}" for m in markets))
     for s, by in tab.items():
-        print(f"{s:<30}" + "".join(f"{by[m]['gp'] * 100:>+13.1f}%{by[m]['gp_owned'] * 100:>+6.1f}%"
+        print(f"{s:<44}" + "".join(f"{by[m]['gp'] * 100:>+13.1f}%{by[m]['gp_owned'] * 100:>+6.1f}%"
                                    f"{by[m]['chat']:>+7.2f}{by[m]['code']:>+7.2f}" for m in markets))  # fmt: skip
     chosen = choose(tab, args.slack_pp, args.basis)
     print(f"chosen ({args.basis}): {chosen} ({time.perf_counter() - t0:.0f} s)")

@@ -72,6 +72,32 @@ GUARD_TARGET = Tagged(0.7, "ratio", Provenance.MODELED, _FIT)
 GUARD_TARGET_OWNED = Tagged(0.2, "ratio", Provenance.MODELED, _FIT_OWNED)
 #: The guard's target per cost basis (schemas/cost.py `COST_BASES`).
 GUARD_TARGETS: dict[str, Tagged] = {"rented": GUARD_TARGET, "owned": GUARD_TARGET_OWNED}
+#: how the owned target gives way to the rented one with the period's price (`priced_target`): "step", the rented
+#: target at and above the fleet's energy break-even, the owned one below; "linear", in proportion to the price's
+#: share of the break-even
+ENERGY_RULES = ("step", "linear")
+#: the rule the guard runs, chosen by the same fit (module docstring)
+GUARD_ENERGY_RULE = "step"
+
+
+def priced_target(owned: float, rented: float, share: float | None, rule: str = GUARD_ENERGY_RULE) -> float:
+    """The owned basis's autoscaler target in a period whose price is `share` of the fleet's energy break-even
+    (`GuardInputs.energy_share`; None: unknown, the owned target): a held GPU costs the owned basis its energy
+    alone, which reaches its capital at the break-even, where the owned basis takes the `rented` target as a held
+    GPU's rent makes the rented basis do (ratio).
+
+    >>> priced_target(0.2, 0.7, 0.25, "step"), priced_target(0.2, 0.7, 1.0, "step"), priced_target(0.2, 0.7, None)
+    (0.2, 0.7, 0.2)
+    >>> priced_target(0.2, 0.7, 0.25, "linear"), priced_target(0.2, 0.7, 1.0, "linear")
+    (0.325, 0.7)
+    """
+    if rule not in ENERGY_RULES:
+        raise ValueError(f"energy rule {rule!r} not in {ENERGY_RULES}")
+    if share is None:
+        return owned
+    if rule == "step":
+        return rented if share >= 1.0 else owned
+    return owned + (rented - owned) * share
 
 
 @dataclass(frozen=True)
@@ -90,10 +116,18 @@ class GuardInputs:
     breakeven_usd_mwh: float | None = None
 
     @property
-    def energy_dominates(self) -> bool:
-        """Whether the period's price is at or above the break-even (False when either is unknown)."""
-        return (self.price_usd_mwh is not None and self.breakeven_usd_mwh is not None
-                and self.price_usd_mwh >= self.breakeven_usd_mwh)
+    def energy_share(self) -> float | None:
+        """The period's price over the break-even, within [0, 1] (None when either is unknown): a held GPU's
+        energy as a share of what it costs at the break-even, where its energy costs as much as its capital.
+
+        >>> GuardInputs(price_usd_mwh=173.2, breakeven_usd_mwh=692.8).energy_share, GuardInputs().energy_share
+        (0.25, None)
+        >>> GuardInputs(price_usd_mwh=-20.0, breakeven_usd_mwh=692.8).energy_share
+        0.0
+        """
+        if self.price_usd_mwh is None or self.breakeven_usd_mwh is None:
+            return None
+        return min(max(self.price_usd_mwh / self.breakeven_usd_mwh, 0.0), 1.0)
 
     def as_dict(self) -> dict[str, dict[str, float] | float | None]:
         """The inputs keyed "site/model/gpu", as the audit record carries them.
@@ -140,14 +174,14 @@ class ScaleGuard:
 
     def target_at(self, inputs: GuardInputs | None = None) -> float:
         """The autoscaler's target the guard sets (ratio): `target` when given; else the one fitted on the cost
-        basis, but the rented basis's in a period whose price is at or above the fleet's energy break-even
-        (`GuardInputs.energy_dominates`): there a held GPU's energy costs more than its capital, as its rent does
-        on the rented basis."""
+        basis, the owned one moved towards the rented basis's by the period's energy share (`priced_target`,
+        `GUARD_ENERGY_RULE`)."""
         if self.target is not None:
             return self.target
-        if inputs is not None and inputs.energy_dominates:
+        if self.cost_basis == "rented":
             return GUARD_TARGET.value
-        return GUARD_TARGETS[self.cost_basis].value
+        share = inputs.energy_share if inputs is not None else None
+        return priced_target(GUARD_TARGETS[self.cost_basis].value, GUARD_TARGET.value, share)
 
     def demand(self, f: DisturbanceForecast, previous: DisturbanceForecast | None = None,
                ramps: Mapping[tuple[str, str], RampLine] | None = None) -> DisturbanceForecast:
