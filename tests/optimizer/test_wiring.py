@@ -390,13 +390,16 @@ def test_the_workers_cost_basis_reaches_its_policy(tmp_path: Path, monkeypatch: 
 def test_the_owned_guard_takes_the_rented_target_where_energy_outweighs_capital(
         wl: Workload, stream, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The owned-basis arm's guard reads each period's forecast price against the fleet's energy break-even: PJM's
-    window ($338-432/MWh) lies under the default fleet's 692.8, so the owned target (0.2) is committed; with the
-    break-even put under the price the rented basis's (0.7) is, and the record says why."""
+    window ($338-432/MWh) lies under the default fleet's 692.8, so the committed target is the owned one moved
+    towards the rented basis's by the price's share of the break-even (`priced_target`, at or above the owned
+    target, below the rented one); with the break-even put under the price the rented basis's (0.7) is, and the
+    record says why."""
     import optimizer.aurelius as aurelius_module
-    from optimizer.scale_guard import GUARD_TARGET, GUARD_TARGET_OWNED
+    from optimizer.scale_guard import GUARD_TARGET, GUARD_TARGET_OWNED, GuardInputs, priced_target
 
     ctx, history, obs = stream
-    for breakeven, target in ((None, GUARD_TARGET_OWNED.value), (100.0, GUARD_TARGET.value)):
+    owned, rented = GUARD_TARGET_OWNED.value, GUARD_TARGET.value
+    for breakeven in (None, 100.0):
         if breakeven is not None:
             monkeypatch.setattr(aurelius_module, "energy_breakeven_usd_mwh", lambda gpus, b=breakeven: b)
         recs = drive(aurelius(wl, cost_basis="owned"), ctx, history, obs)
@@ -406,7 +409,9 @@ def test_the_owned_guard_takes_the_rented_target_where_energy_outweighs_capital(
             g = r["scale_guard"]
             assert g["price_usd_mwh"] == r["forecasts"]["price_usd_mwh"]["point"]
             assert (g["price_usd_mwh"] >= g["breakeven_usd_mwh"]) == (breakeven is not None)
-            assert g["target"] == target == r["chosen_plan"]["autoscale_target"]
+            share = GuardInputs(price_usd_mwh=g["price_usd_mwh"], breakeven_usd_mwh=g["breakeven_usd_mwh"]).energy_share
+            assert g["target"] == priced_target(owned, rented, share) == r["chosen_plan"]["autoscale_target"]
+            assert g["target"] == rented if breakeven is not None else owned <= g["target"] < rented
 
 
 def test_the_week_before_clock_measurement_sets_the_reference_clock_by_price(wl: Workload, stream) -> None:  # noqa: ANN001
