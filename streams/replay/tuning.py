@@ -10,7 +10,10 @@ local time, on the ground truth; the winner is the highest SLA-met per dollar am
 violation rate stays within 0.1 pp of the as-deployed configuration's in every class. The search is coordinate-
 wise, as an operator tunes one knob at a time: from the deployed configuration, each axis in `AXES` in turn is
 set to its best value given the others (the deployed value kept when nothing beats it), so every axis is
-searched at the best of the ones before it. Only data from before the window is used."""
+searched at the best of the ones before it. Then the weights and KV dtype are searched once more (`RECHECK`), at
+the batch cap, clock, target and token budget the first pass reached: the precision is the costliest change (a
+reload) and the one whose worth the later axes move most (KV memory per sequence against the batch cap and the
+token budget). Only data from before the window is used."""
 
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ AXES: tuple[tuple[str, tuple[object, ...]], ...] = (
     ("target", (0.8, 0.7, 0.9)),
     ("max_num_batched_tokens", (None, 2048, 4096)),
 )
+#: The axes searched again, in order, at the configuration the first pass reached (module docstring).
+RECHECK: tuple[str, ...] = ("precision",)
 SLA_SLACK = 0.001  # 0.1 pp
 #: control periods of the past window a configuration is measured on (count)
 TUNE_PERIODS = 3
@@ -133,7 +138,7 @@ def tune_on(
 
     best = DEPLOYED
     clock: list[ClockMeasurement] = []
-    for axis, values in AXES:
+    for axis, values in (*AXES, *((a, v) for a, v in AXES if a in RECHECK)):
         for value in values:
             cfg = _with(best, axis, value)
             row = measure(cfg)

@@ -27,8 +27,8 @@ def _score(cfg: StaticConfig) -> tuple[float, float]:
     return gp, viol
 
 
-@pytest.fixture
-def fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[StaticConfig]:
+def _fake(monkeypatch: pytest.MonkeyPatch, score: Any) -> list[StaticConfig]:
+    """Replace the ground-truth runs by `score` (config -> (gp/$, chat violation rate)); the configs run."""
     seen: list[StaticConfig] = []
 
     def run_replay(wl: Any, policy: Any, *a: Any, **k: Any) -> Any:
@@ -36,7 +36,7 @@ def fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[StaticConfig]:
         return SimpleNamespace(config=policy.config)
 
     def summarize(run: Any) -> dict[str, Any]:
-        gp, viol = _score(run.config)
+        gp, viol = score(run.config)
         energy_mwh = 0.001 * run.config.clock_share  # a lower clock draws less
         return {"gp_per_dollar": gp, "classes": {"chat": {"sla_violation_rate": viol}}, "sla_met": 10 * gp,
                 "gpu_cost_usd": 9.0, "cost_usd_owned": 12.0, "energy_cost_usd": 1.0, "energy_mwh": energy_mwh}
@@ -48,13 +48,20 @@ def fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[StaticConfig]:
     return seen
 
 
+@pytest.fixture
+def fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[StaticConfig]:
+    return _fake(monkeypatch, _score)
+
+
 def test_coordinate_search_finds_the_best_admissible_configuration(fake_runs: list[StaticConfig]) -> None:
     t = tuning.tune_static("PJM", datetime(2023, 7, 27, 18, tzinfo=UTC), default_fleet(("PJM",)), seed=0)
     # fp8 weights + fp8 KV, then batch 512 (better only with the fp8 KV), clock 0.85 (0.7 breaks the SLA),
     # target 0.9 stays within 0.1 pp of the deployed violation rate (+0.05 pp)
     assert t.config == StaticConfig("fp8", "fp8", 512, 0.85, 0.9, 2048)
     assert fake_runs[0] == DEPLOYED
-    assert len(fake_runs) == len(set(fake_runs)) == 1 + 2 + 3 + 2 + 2 + 2  # each configuration measured once
+    # each configuration measured once; the precision's re-check at the end adds bf16 and fp8 + auto KV at
+    # batch 512, clock 0.85, target 0.9 and the 2048-token budget
+    assert len(fake_runs) == len(set(fake_runs)) == 1 + 2 + 3 + 2 + 2 + 2 + 2
     assert {r["config"]["kv_dtype"] for r in t.table} == {"auto", "fp8"}
     # the clock axis's measurements, at the configuration the search had reached (fp8 + fp8 KV, batch 512)
     assert t.clock is not None
@@ -69,3 +76,19 @@ def test_a_configuration_outside_the_sla_rule_is_never_chosen(
     monkeypatch.setattr(tuning, "SLA_SLACK", 0.0001)  # target 0.9's +0.05 pp no longer passes
     t = tuning.tune_static("PJM", datetime(2023, 7, 27, 18, tzinfo=UTC), default_fleet(("PJM",)), seed=0)
     assert t.config.target == 0.8 and t.config.clock_share == 0.85
+
+
+def test_the_precision_is_searched_again_at_the_settings_the_other_axes_reached(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8 + fp8 KV breaks the SLA at the deployed batch cap and token budget (bf16 wins the first precision step);
+    with batch 512 and the 2048-token budget the first pass reaches, it holds the SLA and pays: the re-check takes it."""
+
+    def score(cfg: StaticConfig) -> tuple[float, float]:
+        fp8 = cfg.kv_dtype == "fp8"
+        tuned = cfg.max_batch == 512 and cfg.max_num_batched_tokens == 2048
+        gp = 100.0 + (4.0 if cfg.max_batch == 512 else 0.0) + (2.0 if cfg.max_num_batched_tokens == 2048 else 0.0)
+        gp += 20.0 if fp8 and tuned else 0.0
+        return gp, 0.01 + (0.03 if fp8 and not tuned else 0.0)
+
+    _fake(monkeypatch, score)
+    t = tuning.tune_static("PJM", datetime(2023, 7, 27, 18, tzinfo=UTC), default_fleet(("PJM",)), seed=0)
+    assert t.config == StaticConfig("fp8", "fp8", 512, 1.0, 0.8, 2048)
