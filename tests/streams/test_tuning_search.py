@@ -78,9 +78,12 @@ def test_a_configuration_outside_the_sla_rule_is_never_chosen(
     assert t.config.target == 0.8 and t.config.clock_share == 0.85
 
 
-def test_the_precision_is_searched_again_at_the_settings_the_other_axes_reached(monkeypatch: pytest.MonkeyPatch) -> None:
-    """fp8 + fp8 KV breaks the SLA at the deployed batch cap and token budget (bf16 wins the first precision step);
-    with batch 512 and the 2048-token budget the first pass reaches, it holds the SLA and pays: the re-check takes it."""
+def test_the_precision_is_searched_again_at_the_settings_the_other_axes_reached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fp8 + fp8 KV breaks the SLA at the deployed batch cap and token budget (bf16 wins the first precision
+    step); with batch 512 and the 2048-token budget the first pass reaches it holds the SLA and pays: the re-check
+    takes it."""
 
     def score(cfg: StaticConfig) -> tuple[float, float]:
         fp8 = cfg.kv_dtype == "fp8"
