@@ -10,15 +10,18 @@ local time, on the ground truth; the winner is the highest SLA-met per dollar am
 violation rate stays within 0.1 pp of the as-deployed configuration's in every class. The search is coordinate-
 wise, as an operator tunes one knob at a time: from the deployed configuration, each axis in `AXES` in turn is
 set to its best value given the others (the deployed value kept when nothing beats it), so every axis is
-searched at the best of the ones before it. Then the weights and KV dtype are searched once more (`RECHECK`), at
-the batch cap, clock, target and token budget the first pass reached: the precision is the costliest change (a
-reload) and the one whose worth the later axes move most (KV memory per sequence against the batch cap and the
-token budget). Only data from before the window is used."""
+searched at the best of the ones before it. Then the engine's restart settings, weights with KV dtype and the
+chunked-prefill token budget (`RESTART_AXES`), are searched together, every pair at the batch cap, clock and
+target the pass reached: each change is a reload, and their worth is joint (fp8 KV's memory per sequence against
+the batch cap, the budget's prefill chunks against decode under fp8), so one knob at a time misses a pair that pays
+only together. Where the pair changes, the clock's measurements are taken again at it (what the aurelius arms
+reprice). Only data from before the window is used."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from itertools import product
 from typing import Any
 
 import numpy as np
@@ -43,8 +46,8 @@ AXES: tuple[tuple[str, tuple[object, ...]], ...] = (
     ("target", (0.8, 0.7, 0.9)),
     ("max_num_batched_tokens", (None, 2048, 4096)),
 )
-#: The axes searched again, in order, at the configuration the first pass reached (module docstring).
-RECHECK: tuple[str, ...] = ("precision",)
+#: The engine's restart settings, searched together after the pass (module docstring).
+RESTART_AXES: tuple[str, str] = ("precision", "max_num_batched_tokens")
 SLA_SLACK = 0.001  # 0.1 pp
 #: control periods of the past window a configuration is measured on (count)
 TUNE_PERIODS = 3
@@ -136,18 +139,33 @@ def tune_on(
     def ok(row: dict[str, Any]) -> bool:
         return all(v <= base.get(c, 0.0) + SLA_SLACK for c, v in row["violation"].items())
 
+    def better(cfg: StaticConfig, than: StaticConfig) -> bool:
+        return ok(measure(cfg)) and measure(cfg)["gp_per_dollar"] > measure(than)["gp_per_dollar"]
+
     best = DEPLOYED
     clock: list[ClockMeasurement] = []
-    for axis, values in (*AXES, *((a, v) for a, v in AXES if a in RECHECK)):
+    for axis, values in AXES:
         for value in values:
             cfg = _with(best, axis, value)
-            row = measure(cfg)
             if axis == "clock_share":  # the same configuration at each share (best differs from it in the clock)
-                clock.append(ClockMeasurement(float(value), float(row["sla_met"]), row["gpu_usd"],  # type: ignore[arg-type]
-                                              row["gpu_usd_owned"], row["energy_mwh"], ok(row)))  # fmt: skip
-            if ok(row) and row["gp_per_dollar"] > measure(best)["gp_per_dollar"]:
+                clock.append(_clock_row(float(value), measure(cfg), ok))  # type: ignore[arg-type]
+            if better(cfg, best):
                 best = cfg
+    passed = best
+    first, second = (dict(AXES)[a] for a in RESTART_AXES)
+    for a, b in product(first, second):
+        cfg = _with(_with(passed, RESTART_AXES[0], a), RESTART_AXES[1], b)
+        if better(cfg, best):
+            best = cfg
+    if best != passed:  # the clock measured again at the restart settings chosen
+        clock = [_clock_row(c.share, measure(_with(best, "clock_share", c.share)), ok) for c in clock]
     return Tuning(best, tuned_on, tuple(measured.values()), ClockPrices(tuple(clock)) if clock else None)
+
+
+def _clock_row(share: float, row: dict[str, Any], ok: Any) -> ClockMeasurement:
+    """One clock share's measurement (the configuration otherwise the chosen one's)."""
+    return ClockMeasurement(share, float(row["sla_met"]), row["gpu_usd"], row["gpu_usd_owned"], row["energy_mwh"],
+                            ok(row))  # fmt: skip
 
 
 def lead_in_fleet(

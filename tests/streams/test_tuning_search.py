@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -59,9 +60,9 @@ def test_coordinate_search_finds_the_best_admissible_configuration(fake_runs: li
     # target 0.9 stays within 0.1 pp of the deployed violation rate (+0.05 pp)
     assert t.config == StaticConfig("fp8", "fp8", 512, 0.85, 0.9, 2048)
     assert fake_runs[0] == DEPLOYED
-    # each configuration measured once; the precision's re-check at the end adds bf16 and fp8 + auto KV at
-    # batch 512, clock 0.85, target 0.9 and the 2048-token budget
-    assert len(fake_runs) == len(set(fake_runs)) == 1 + 2 + 3 + 2 + 2 + 2 + 2
+    # each configuration measured once; the restart settings' grid at batch 512, clock 0.85, target 0.9 adds the six
+    # pairs the pass had not run (bf16 and fp8 + auto KV at each budget)
+    assert len(fake_runs) == len(set(fake_runs)) == 1 + 2 + 3 + 2 + 2 + 2 + 6
     assert {r["config"]["kv_dtype"] for r in t.table} == {"auto", "fp8"}
     # the clock axis's measurements, at the configuration the search had reached (fp8 + fp8 KV, batch 512)
     assert t.clock is not None
@@ -78,20 +79,20 @@ def test_a_configuration_outside_the_sla_rule_is_never_chosen(
     assert t.config.target == 0.8 and t.config.clock_share == 0.85
 
 
-def test_the_precision_is_searched_again_at_the_settings_the_other_axes_reached(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """fp8 + fp8 KV breaks the SLA at the deployed batch cap and token budget (bf16 wins the first precision
-    step); with batch 512 and the 2048-token budget the first pass reaches it holds the SLA and pays: the re-check
-    takes it."""
+def test_the_restart_settings_are_searched_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8 + fp8 KV breaks the SLA at the engine's default token budget, and the 2048-token budget alone costs
+    gp/$ at bf16, so one knob at a time keeps bf16 at the default; the pair holds the SLA and pays: the grid takes
+    it, and the clock's measurements are taken again at it."""
 
     def score(cfg: StaticConfig) -> tuple[float, float]:
-        fp8 = cfg.kv_dtype == "fp8"
-        tuned = cfg.max_batch == 512 and cfg.max_num_batched_tokens == 2048
-        gp = 100.0 + (4.0 if cfg.max_batch == 512 else 0.0) + (2.0 if cfg.max_num_batched_tokens == 2048 else 0.0)
-        gp += 20.0 if fp8 and tuned else 0.0
-        return gp, 0.01 + (0.03 if fp8 and not tuned else 0.0)
+        fp8, small = cfg.kv_dtype == "fp8", cfg.max_num_batched_tokens == 2048
+        gp = 100.0 + (4.0 if cfg.max_batch == 512 else 0.0) - (2.0 if small else 0.0) + (20.0 if fp8 and small else 0)
+        return gp, 0.01 + (0.03 if fp8 and not small else 0.0)
 
-    _fake(monkeypatch, score)
+    seen = _fake(monkeypatch, score)
     t = tuning.tune_static("PJM", datetime(2023, 7, 27, 18, tzinfo=UTC), default_fleet(("PJM",)), seed=0)
     assert t.config == StaticConfig("fp8", "fp8", 512, 1.0, 0.8, 2048)
+    assert t.clock is not None
+    shares = {c.share for c in t.clock.rows}
+    assert {c for c in seen if c.clock_share in shares and c.max_batch == 512 and c.kv_dtype == "fp8"
+            and c.max_num_batched_tokens == 2048} == {replace(t.config, clock_share=x) for x in shares}
