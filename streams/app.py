@@ -129,7 +129,9 @@ class Worker:
                                  accepted: Mapping[str, int] | None = None) -> None:
         if batch.size or due or batch.state.positions != self.committed:
             await asyncio.to_thread(self.ingestor.commit, batch)
-        self.pipeline.state.counts["duplicates"] = batch.state.counts["duplicates"]
+            # the commit counts the batch's duplicates; a batch not committed holds the count as it stood when
+            # it was validated, before the batch ahead of it committed
+            self.pipeline.state.counts["duplicates"] = batch.state.counts["duplicates"]
         self.committed = batch.state.positions
         await self.decide(due)
         latency = time.monotonic() - received

@@ -106,6 +106,24 @@ def test_redelivery_is_idempotent(tmp_path, records):
     assert [o for o in sent2 if o.topic == topics.recommendations.name] == []  # nothing new to decide
 
 
+def test_an_empty_poll_while_a_batch_commits_keeps_its_duplicate_count(tmp_path, records):
+    """Batch N + 1 is validated while batch N commits (pipelined): an empty poll then copies the counters as they
+    stood before N's commit, and its commit is skipped. The duplicates N stored must stay counted (CI under load
+    caught the fuzz run's final stats at 0)."""
+    topics, ing, worker, _, _ = _make(tmp_path)
+    vals = [json.dumps(records.arrival(f"r{i}", records.T0 + timedelta(seconds=i))).encode() for i in range(3)]
+
+    async def run() -> None:
+        await worker.handle(_msgs(topics, "request_arrival", vals))
+        await worker.submit(_msgs(topics, "request_arrival", vals, start=3))  # the same records: duplicates
+        await worker.submit([])  # validated before the batch above has committed
+        await worker.drain()
+
+    asyncio.run(run())
+    assert ing.load_state().counts["duplicates"] == 3
+    assert worker.pipeline.state.counts["duplicates"] == 3
+
+
 def test_equivalence_hook_replays_an_observation_directory(tmp_path, records):
     from streams.equivalence import replay_decisions
 
