@@ -148,7 +148,7 @@ def tune_on(
         for value in values:
             cfg = _with(best, axis, value)
             if axis == "clock_share":  # the same configuration at each share (best differs from it in the clock)
-                clock.append(_clock_row(float(value), measure(cfg), ok))  # type: ignore[arg-type]
+                clock.append(_clock_row(float(value), measure(cfg), ok(measure(cfg))))  # type: ignore[arg-type]
             if better(cfg, best):
                 best = cfg
     passed = best
@@ -158,14 +158,15 @@ def tune_on(
         if better(cfg, best):
             best = cfg
     if best != passed:  # the clock measured again at the restart settings chosen
-        clock = [_clock_row(c.share, measure(_with(best, "clock_share", c.share)), ok) for c in clock]
+        rows = [measure(_with(best, "clock_share", c.share)) for c in clock]
+        clock = [_clock_row(c.share, row, ok(row)) for c, row in zip(clock, rows, strict=True)]
     return Tuning(best, tuned_on, tuple(measured.values()), ClockPrices(tuple(clock)) if clock else None)
 
 
-def _clock_row(share: float, row: dict[str, Any], ok: Any) -> ClockMeasurement:
+def _clock_row(share: float, row: dict[str, Any], within_sla: bool) -> ClockMeasurement:
     """One clock share's measurement (the configuration otherwise the chosen one's)."""
     return ClockMeasurement(share, float(row["sla_met"]), row["gpu_usd"], row["gpu_usd_owned"], row["energy_mwh"],
-                            ok(row))  # fmt: skip
+                            within_sla)  # fmt: skip
 
 
 def lead_in_fleet(
