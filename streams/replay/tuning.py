@@ -123,16 +123,9 @@ def tune_on(
 
     def measure(cfg: StaticConfig) -> dict[str, Any]:
         if cfg not in measured:
-            policy = TunedProductionPolicy(config=cfg)
-            run = run_replay(wl, policy, fleet, period_s=period_minutes * 60.0,
-                             window_s=periods * period_minutes * 60.0, physics=physics, initial_replicas=initial)
-            s = summarize(run)
-            measured[cfg] = {"config": cfg.as_dict(), "gp_per_dollar": s["gp_per_dollar"],
-                             "violation": {c: v["sla_violation_rate"] for c, v in s["classes"].items()},
-                             "sla_met": s["sla_met"], "gpu_usd": s["gpu_cost_usd"],
-                             "gpu_usd_owned": s["cost_usd_owned"] - s["energy_cost_usd"],
-                             "energy_mwh": s["energy_mwh"]}
-        return measured[cfg]  # fmt: skip
+            measured[cfg] = measure_config(cfg, wl, initial, fleet, physics=physics, periods=periods,
+                                           period_minutes=period_minutes)  # fmt: skip
+        return measured[cfg]
 
     base = measure(DEPLOYED)["violation"]
 
@@ -161,6 +154,28 @@ def tune_on(
         rows = [measure(_with(best, "clock_share", c.share)) for c in clock]
         clock = [_clock_row(c.share, row, ok(row)) for c, row in zip(clock, rows, strict=True)]
     return Tuning(best, tuned_on, tuple(measured.values()), ClockPrices(tuple(clock)) if clock else None)
+
+
+def measure_config(
+    cfg: StaticConfig,
+    wl: Workload,
+    initial: dict[tuple[str, str, str], int],
+    fleet: FleetSpec,
+    *,
+    physics: Physics | None = None,
+    periods: int = TUNE_PERIODS,
+    period_minutes: float = 5.0,
+) -> dict[str, Any]:
+    """`production-tuned` at `cfg` serving the past workload `wl` from the fleet `initial` on the ground truth:
+    gp/$, per-class violation rates (ratio), SLA-met requests, GPU cost ($, rented and owned basis) and energy
+    (MWh), as the search compares them."""
+    run = run_replay(wl, TunedProductionPolicy(config=cfg), fleet, period_s=period_minutes * 60.0,
+                     window_s=periods * period_minutes * 60.0, physics=physics, initial_replicas=initial)
+    s = summarize(run)
+    return {"config": cfg.as_dict(), "gp_per_dollar": s["gp_per_dollar"],
+            "violation": {c: v["sla_violation_rate"] for c, v in s["classes"].items()},
+            "sla_met": s["sla_met"], "gpu_usd": s["gpu_cost_usd"],
+            "gpu_usd_owned": s["cost_usd_owned"] - s["energy_cost_usd"], "energy_mwh": s["energy_mwh"]}  # fmt: skip
 
 
 def _clock_row(share: float, row: dict[str, Any], within_sla: bool) -> ClockMeasurement:
