@@ -2,7 +2,7 @@
 
 `production-tuned` and the aurelius arms' engine settings and clock come from one 15-minute measurement of the
 week before (streams/replay/tuning.py, `TUNE_PERIODS` periods of one workload draw). This runs the same search on
-R draws of those hours (workload seeds `seed + STRIDE x r`; r = 0 is the draw the replay of the window tunes on)
+R draws of those hours (workload seeds `seed + DRAW_STRIDE x r`; r = 0 is the draw the replay of the window tunes on)
 and prints, per draw, the configuration chosen and the clock share the aurelius arms would run at the window's
 mean price (`ClockPrices.share_at`). On every draw it also measures draw 0's configuration at each clock share
 and the deployed one, and averages them over the draws: per share, mean gp/$ (and its sd over the draws), mean
@@ -30,12 +30,10 @@ import numpy as np
 
 from optimizer.baselines.tuned import DEPLOYED, StaticConfig
 from schemas.fleet import default_fleet
-from streams.replay.tuning import AXES, SLA_SLACK, measure_config, tune_on, week_before
+from streams.replay.tuning import AXES, DRAW_STRIDE, SLA_SLACK, measure_config, tune_on, week_before
 from streams.workload.builder import build_workload
 from worldmodel.groundtruth.runtime import Physics
 
-#: workload seeds between draws (count; far from any job's seed + 7919, the week before's own offset)
-STRIDE = 1000
 #: the clock shares the search measures
 SHARES: tuple[float, ...] = tuple(float(v) for v in dict(AXES)["clock_share"])  # type: ignore[arg-type]
 
@@ -48,8 +46,8 @@ def draws(market: str, year: int, rule: str, seed: int, n: int) -> dict[str, Any
     first: StaticConfig | None = None
     for r in range(n):
         t0 = time.perf_counter()
-        wl, initial = week_before(market, window.start, fleet, seed=seed + STRIDE * r, physics=physics)
-        tuning = tune_on(wl, initial, fleet, window.start - timedelta(days=7), physics=physics)
+        wl, initial = week_before(market, window.start, fleet, seed=seed + DRAW_STRIDE * r, physics=physics)
+        tuning = tune_on([(wl, initial)], fleet, window.start - timedelta(days=7), physics=physics)
         first = first or tuning.config
         fixed = {str(s): measure_config(replace(first, clock_share=s), wl, initial, fleet, physics=physics)
                  for s in SHARES}  # fmt: skip

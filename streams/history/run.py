@@ -213,7 +213,7 @@ def _tune(prep: Prepared) -> Tuning | None:
     wl = build_history_workload(prep.records, prep.config, prep.market, past, prep.start, 0, prep.prices, prep.hist,
                                 quiet)  # fmt: skip
     initial = recorded.spans(prep.records, past, TUNE_PERIODS * period_s, quiet).initial()
-    return tune_on(wl, initial, prep.fleet, past, physics=prep.physics, periods=TUNE_PERIODS,
+    return tune_on([(wl, initial)], prep.fleet, past, physics=prep.physics, periods=TUNE_PERIODS,
                    period_minutes=prep.config.period_minutes)  # fmt: skip
 
 

@@ -292,7 +292,15 @@ def _lead_task(job: Job, args: argparse.Namespace) -> dict[tuple[str, str, str],
 def _tune_task(job: Job, args: argparse.Namespace) -> Tuning:
     wl = _workload(job, args)
     return tune_static(job.market, wl.window.start, default_fleet(tuple(_csv(args.markets))), seed=job.seed,
-                       physics=_physics(args), period_minutes=args.period_minutes)  # fmt: skip
+                       physics=_physics(args), period_minutes=args.period_minutes, draws=_draws(args))  # fmt: skip
+
+
+def _draws(args: argparse.Namespace) -> int:
+    """Draws of the week before the search pools (`--tune-draws`, >= 1)."""
+    n = int(getattr(args, "tune_draws", 1))
+    if n < 1:
+        raise SystemExit(f"--tune-draws must be at least 1, got {n}")
+    return n
 
 
 def _replay_task(
@@ -355,7 +363,7 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
     tuning = None
     if any(wants_tuning(p) for p in job.policies):
         tuning = tune_static(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
-                             period_minutes=args.period_minutes)  # fmt: skip
+                             period_minutes=args.period_minutes, draws=_draws(args))  # fmt: skip
         _tick(bar)
     window = _window(job, wl, tuning)
     initial = lead_in_fleet(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,

@@ -15,10 +15,16 @@ chunked-prefill token budget (`RESTART_AXES`), are searched together, every pair
 target the pass reached: each change is a reload, and their worth is joint (fp8 KV's memory per sequence against
 the batch cap, the budget's prefill chunks against decode under fp8), so one knob at a time misses a pair that pays
 only together. Where the pair changes, the clock's measurements are taken again at it (what the aurelius arms
-reprice). Only data from before the window is used."""
+reprice). Only data from before the window is used.
+
+The protocol of record measures each configuration on one draw of the week before's first 15 minutes, which is
+noisy: on other draws of the same hours the search chooses other configurations (benchmarks/tuning_noise.py).
+`tune_static(draws=n)` (`aurelius replay --tune-draws n`) measures every configuration on n draws and pools them
+(`pool`), the search otherwise unchanged."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from itertools import product
@@ -49,6 +55,8 @@ AXES: tuple[tuple[str, tuple[object, ...]], ...] = (
 #: The engine's restart settings, searched together after the pass (module docstring).
 RESTART_AXES: tuple[str, str] = ("precision", "max_num_batched_tokens")
 SLA_SLACK = 0.001  # 0.1 pp
+#: workload seeds between draws of the week before (`tune_static(draws=...)`; count)
+DRAW_STRIDE = 1000
 #: control periods of the past window a configuration is measured on (count)
 TUNE_PERIODS = 3
 
@@ -81,11 +89,14 @@ def tune_static(
     physics: Physics | None = None,
     periods: int = TUNE_PERIODS,
     period_minutes: float = 5.0,
+    draws: int = 1,
 ) -> Tuning:
-    """Search the configurations on the window one week before `window_start` (periods x period_minutes)."""
-    wl, initial = week_before(market, window_start, fleet, seed=seed, physics=physics, periods=periods,
-                              period_minutes=period_minutes)  # fmt: skip
-    return tune_on(wl, initial, fleet, window_start - timedelta(days=7), physics=physics, periods=periods,
+    """Search the configurations on the window one week before `window_start` (periods x period_minutes), each
+    measured on `draws` workload draws of those hours (seeds `seed + DRAW_STRIDE x r`; draw 0 is the window's
+    own week before) and pooled (`pool`)."""
+    samples = [week_before(market, window_start, fleet, seed=seed + DRAW_STRIDE * r, physics=physics,
+                           periods=periods, period_minutes=period_minutes) for r in range(draws)]  # fmt: skip
+    return tune_on(samples, fleet, window_start - timedelta(days=7), physics=physics, periods=periods,
                    period_minutes=period_minutes)  # fmt: skip
 
 
@@ -108,8 +119,7 @@ def week_before(
 
 
 def tune_on(
-    wl: Workload,
-    initial: dict[tuple[str, str, str], int],
+    samples: Sequence[tuple[Workload, dict[tuple[str, str, str], int]]],
     fleet: FleetSpec,
     tuned_on: datetime,
     *,
@@ -117,14 +127,15 @@ def tune_on(
     periods: int = TUNE_PERIODS,
     period_minutes: float = 5.0,
 ) -> Tuning:
-    """Search the configurations on a past workload `wl` (starting at `tuned_on`) served from the fleet `initial`
-    (module docstring): the bundled week before (`tune_static`), or an operator's records before the range."""
+    """Search the configurations on past workloads (`samples`: each a workload starting at `tuned_on` and the fleet
+    it is served from; one, or draws of the same hours pooled by `pool`) (module docstring): the bundled week
+    before (`tune_static`), or an operator's records before the range."""
     measured: dict[StaticConfig, dict[str, Any]] = {}
 
     def measure(cfg: StaticConfig) -> dict[str, Any]:
         if cfg not in measured:
-            measured[cfg] = measure_config(cfg, wl, initial, fleet, physics=physics, periods=periods,
-                                           period_minutes=period_minutes)  # fmt: skip
+            measured[cfg] = pool([measure_config(cfg, wl, initial, fleet, physics=physics, periods=periods,
+                                                 period_minutes=period_minutes) for wl, initial in samples])
         return measured[cfg]
 
     base = measure(DEPLOYED)["violation"]
@@ -176,6 +187,30 @@ def measure_config(
             "violation": {c: v["sla_violation_rate"] for c, v in s["classes"].items()},
             "sla_met": s["sla_met"], "gpu_usd": s["gpu_cost_usd"],
             "gpu_usd_owned": s["cost_usd_owned"] - s["energy_cost_usd"], "energy_mwh": s["energy_mwh"]}  # fmt: skip
+
+
+def pool(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's measurements on several draws as one: SLA-met requests, costs and energy summed, gp/$
+    of the sums (SLA-met over the summed cost), per-class violation rates averaged (the draws are the same hours,
+    near the same size); a single row unchanged.
+
+    >>> a = {"config": {}, "gp_per_dollar": 10.0, "violation": {"chat": 0.02}, "sla_met": 100, "gpu_usd": 8.0,
+    ...      "gpu_usd_owned": 6.0, "energy_mwh": 0.001}
+    >>> b = {**a, "gp_per_dollar": 5.0, "violation": {"chat": 0.04}, "sla_met": 50}
+    >>> pool([a]) is a
+    True
+    >>> p = pool([a, b])
+    >>> round(p["gp_per_dollar"], 3), p["sla_met"], round(p["violation"]["chat"], 3), p["gpu_usd"]  # 150 / (10 + 10)
+    (7.5, 150, 0.03, 16.0)
+    """
+    if len(rows) == 1:
+        return rows[0]
+    cost = sum(r["sla_met"] / r["gp_per_dollar"] for r in rows if r["gp_per_dollar"] > 0)
+    sla_met = sum(r["sla_met"] for r in rows)
+    return {"config": rows[0]["config"], "gp_per_dollar": sla_met / cost if cost > 0 else 0.0,
+            "violation": {c: sum(r["violation"].get(c, 0.0) for r in rows) / len(rows) for c in rows[0]["violation"]},
+            "sla_met": sla_met, **{k: sum(r[k] for r in rows) for k in ("gpu_usd", "gpu_usd_owned", "energy_mwh")},
+            "draws": len(rows)}  # fmt: skip
 
 
 def _clock_row(share: float, row: dict[str, Any], within_sla: bool) -> ClockMeasurement:

@@ -96,3 +96,34 @@ def test_the_restart_settings_are_searched_together(monkeypatch: pytest.MonkeyPa
     shares = {c.share for c in t.clock.rows}
     assert {c for c in seen if c.clock_share in shares and c.max_batch == 512 and c.kv_dtype == "fp8"
             and c.max_num_batched_tokens == 2048} == {replace(t.config, clock_share=x) for x in shares}
+
+
+def test_draws_pool_each_configuration_over_the_draws_of_the_same_hours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clock 0.7 measures well on the window's own week before (draw 0) and breaks the SLA on another draw of the
+    same hours: one draw takes it, two pooled do not, and every configuration is measured on both draws."""
+    seen: list[tuple[StaticConfig, int]] = []
+
+    def run_replay(wl: Any, policy: Any, *a: Any, **k: Any) -> Any:
+        seen.append((policy.config, wl))
+        return SimpleNamespace(config=policy.config, draw=wl)
+
+    def summarize(run: Any) -> dict[str, Any]:
+        slow, other = run.config.clock_share == 0.7, run.draw != 0
+        gp = 100.0 + (0.0 if not slow else -10.0 if other else 6.0)
+        viol = 0.01 + (0.04 if slow and other else 0.0)
+        return {"gp_per_dollar": gp, "classes": {"chat": {"sla_violation_rate": viol}}, "sla_met": 10 * gp,
+                "gpu_cost_usd": 9.0, "cost_usd_owned": 12.0, "energy_cost_usd": 1.0, "energy_mwh": 0.001}
+
+    monkeypatch.setattr(tuning, "week_before", lambda market, start, fleet, *, seed, **k: (seed, {}))
+    monkeypatch.setattr(tuning, "run_replay", run_replay)
+    monkeypatch.setattr(tuning, "summarize", summarize)
+    at = (("PJM", datetime(2023, 7, 27, 18, tzinfo=UTC), default_fleet(("PJM",))))
+    assert tuning.tune_static(*at, seed=0).config.clock_share == 0.7
+    seen.clear()
+    t = tuning.tune_static(*at, seed=0, draws=2)
+    assert t.config.clock_share == 1.0
+    draws = {d for _, d in seen}
+    assert draws == {0, tuning.DRAW_STRIDE}
+    assert all({d for c2, d in seen if c2 == c} == draws for c, _ in seen)
+    slow = next(r for r in t.table if r["config"]["clock_share"] == 0.7)
+    assert slow["draws"] == 2 and slow["violation"]["chat"] == pytest.approx(0.03)
