@@ -105,9 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--emit-observations", action="store_true", help="write the observation stream under OUT/")
     p.add_argument("--fp8-speedup-scale", type=float, default=1.0, help="sensitivity: scale the modeled FP8 gain")
     p.add_argument(
-        "--tune-draws", type=int, default=1,
+        "--tune-draws", type=int, default=None,
         help="workload draws of the week before each configuration of the week-before search is measured on and "
-        "pooled (1: the window's own week before, the protocol of record; benchmarks/tuning_noise.py)",
+        "pooled (default streams/replay/tuning.TUNE_DRAWS, 4; 1: the window's own week before alone, the protocol "
+        "before 2026-12-03; benchmarks/tuning_noise.py)",
     )  # fmt: skip
     p.add_argument(
         "--scaler-trigger", choices=("v1", "legacy"), default="v1",

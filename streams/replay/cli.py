@@ -53,7 +53,7 @@ from streams.replay.hindsight import (
 )
 from streams.replay.metrics import PROVENANCE, per_period, request_outcomes, summarize
 from streams.replay.ruler import ruler_record
-from streams.replay.tuning import Tuning, lead_in_fleet, tune_static
+from streams.replay.tuning import TUNE_DRAWS, Tuning, lead_in_fleet, tune_static
 from streams.replay.warmup import COMPILE_ESTIMATE_S, compile_simulator, compiled
 from streams.workload.builder import Workload, build_workload
 from streams.workload.residency import assign_residency
@@ -296,8 +296,9 @@ def _tune_task(job: Job, args: argparse.Namespace) -> Tuning:
 
 
 def _draws(args: argparse.Namespace) -> int:
-    """Draws of the week before the search pools (`--tune-draws`, >= 1)."""
-    n = int(getattr(args, "tune_draws", 1))
+    """Draws of the week before the search pools (`--tune-draws`, >= 1; None: `TUNE_DRAWS`)."""
+    n = getattr(args, "tune_draws", None)
+    n = TUNE_DRAWS if n is None else int(n)
     if n < 1:
         raise SystemExit(f"--tune-draws must be at least 1, got {n}")
     return n

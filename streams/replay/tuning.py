@@ -17,10 +17,11 @@ the batch cap, the budget's prefill chunks against decode under fp8), so one kno
 only together. Where the pair changes, the clock's measurements are taken again at it (what the aurelius arms
 reprice). Only data from before the window is used.
 
-The protocol of record measures each configuration on one draw of the week before's first 15 minutes, which is
-noisy: on other draws of the same hours the search chooses other configurations (benchmarks/tuning_noise.py).
-`tune_static(draws=n)` (`aurelius replay --tune-draws n`) measures every configuration on n draws and pools them
-(`pool`), the search otherwise unchanged."""
+Every configuration is measured on `TUNE_DRAWS` workload draws of the week before's first 15 minutes (draw 0 the
+window's own, the others the same hours under other workload seeds) and pooled (`pool`). One draw, the protocol
+before 2026-12-03's twelfth session (`aurelius replay --tune-draws 1`), is noisy: on other draws of the same hours
+the search chose other configurations on every window measured (benchmarks/tuning_noise.py), and 4 draws pooled
+found a stronger production-tuned in CAISO and ERCOT (docs/optimizer.md)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ RESTART_AXES: tuple[str, str] = ("precision", "max_num_batched_tokens")
 SLA_SLACK = 0.001  # 0.1 pp
 #: workload seeds between draws of the week before (`tune_static(draws=...)`; count)
 DRAW_STRIDE = 1000
+#: draws of the week before every configuration is measured on (count; module docstring)
+TUNE_DRAWS = 4
 #: control periods of the past window a configuration is measured on (count)
 TUNE_PERIODS = 3
 
@@ -89,7 +92,7 @@ def tune_static(
     physics: Physics | None = None,
     periods: int = TUNE_PERIODS,
     period_minutes: float = 5.0,
-    draws: int = 1,
+    draws: int = TUNE_DRAWS,
 ) -> Tuning:
     """Search the configurations on the window one week before `window_start` (periods x period_minutes), each
     measured on `draws` workload draws of those hours (seeds `seed + DRAW_STRIDE x r`; draw 0 is the window's
