@@ -49,13 +49,17 @@ def draws(market: str, year: int, rule: str, seed: int, n: int) -> dict[str, Any
         wl, initial = week_before(market, window.start, fleet, seed=seed + DRAW_STRIDE * r, physics=physics)
         tuning = tune_on([(wl, initial)], fleet, window.start - timedelta(days=7), physics=physics)
         first = first or tuning.config
-        fixed = {str(s): measure_config(replace(first, clock_share=s), wl, initial, fleet, physics=physics)
-                 for s in SHARES}  # fmt: skip
+        searched = {json.dumps(m["config"], sort_keys=True): m for m in tuning.table}
+
+        def measured(cfg: StaticConfig) -> dict[str, Any]:  # the search's own row where it ran `cfg` on this draw
+            key = json.dumps(cfg.as_dict(), sort_keys=True)
+            return searched.get(key) or measure_config(cfg, wl, initial, fleet, physics=physics)  # noqa: B023
+
         rows.append({"draw": r, "config": tuning.config.as_dict(),
                      "clock_at_window_price": tuning.clock.share_at(window.mean_price_usd_mwh) if tuning.clock
-                     else None, "first_config_by_clock": fixed,
-                     "deployed": measure_config(DEPLOYED, wl, initial, fleet, physics=physics),
-                     "wall_s": time.perf_counter() - t0})  # fmt: skip
+                     else None, "first_config_by_clock": {str(s): measured(replace(first, clock_share=s))
+                                                          for s in SHARES},
+                     "deployed": measured(DEPLOYED), "wall_s": time.perf_counter() - t0})  # fmt: skip
         print(f"{market} seed {seed} draw {r}: {tuning.config.as_dict()}, clock at the window's price "
               f"{rows[-1]['clock_at_window_price']} ({rows[-1]['wall_s']:.0f} s)", flush=True)
     return {"market": market, "year": year, "rule": rule, "seed": seed,
