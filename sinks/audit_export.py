@@ -5,8 +5,10 @@ Aurelius never applies any of it; it prints (or writes) what a person or a pipel
 - `hpa`: a `v1 List` of Kubernetes `autoscaling/v2` HorizontalPodAutoscalers, one per pool (Deployment
   `<model>-<gpu>` by default, `--deployment` to change), minReplicas/maxReplicas from the pool's replica
   floor/ceiling and a Pods metric target: running sequences per replica = autoscale_target x max_batch
-  (the batch-slot occupancy the simulator's HPA-like autoscaler holds). Apply with `kubectl apply -f`, or use
-  one item as a merge patch of an existing HPA (`kubectl patch hpa NAME --type merge --patch-file`).
+  (the batch-slot occupancy the simulator's HPA-like autoscaler holds), and the `behavior` the plan was simulated
+  under, scale-up at once and scale-down after 300 s (KEDA's `advanced.horizontalPodAutoscalerConfig`). Apply
+  with `kubectl apply -f`, or use one item as a merge patch of an existing HPA
+  (`kubectl patch hpa NAME --type merge --patch-file`).
 - `keda`: KEDA `ScaledObject`s (keda.sh/v1alpha1) with the same bounds and a Prometheus trigger on vLLM's
   `vllm:num_requests_running`; unlike the HPA, KEDA can hold a floor of 0.
 - `nvidia-smi`: the SM clock per pool as `nvidia-smi -i <GPUs> -lgc MHz,MHz` (lock), or `-rgc` (reset to the
@@ -34,6 +36,7 @@ from typing import Any
 from schemas.fleet import SM_CLOCK_RANGE_MHZ, default_max_num_batched_tokens
 from schemas.protocol import Protocol
 from sinks import sql
+from worldmodel.transients import AUTOSCALER_STABILIZATION_S
 
 FORMATS = ("hpa", "keda", "nvidia-smi", "vllm", "deferral")
 #: Hugging Face ids of the served models (schemas/models.py: the Meta Llama 3.1 releases).
@@ -122,6 +125,13 @@ def _bounds(plan: Mapping[str, Any], pool: Mapping[str, Any]) -> tuple[int, int]
     return floor, max(floor, ceiling)
 
 
+#: The autoscaler's `behavior` (autoscaling/v2) every plan is simulated and predicted under: scale-up at the next
+#: 15 s sync (HPA's default window, 0 s), scale-down once the 300 s window's desired counts allow it
+#: (worldmodel/transients.py). Written out so an HPA with other defaults does not run the plan differently.
+BEHAVIOR: dict[str, Any] = {"scaleUp": {"stabilizationWindowSeconds": 0},
+                            "scaleDown": {"stabilizationWindowSeconds": round(AUTOSCALER_STABILIZATION_S)}}
+
+
 def hpa(record: Mapping[str, Any], template: str = DEFAULT_DEPLOYMENT) -> dict[str, Any]:
     """A `v1 List` of autoscaling/v2 HorizontalPodAutoscalers, one per pool with a ceiling above 0.
 
@@ -148,6 +158,7 @@ def hpa(record: Mapping[str, Any], template: str = DEFAULT_DEPLOYMENT) -> dict[s
                 "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
                 "minReplicas": max(1, floor),
                 "maxReplicas": ceiling,
+                "behavior": BEHAVIOR,
                 "metrics": [{
                     "type": "Pods",
                     "pods": {"metric": {"name": HPA_METRIC},
@@ -174,6 +185,7 @@ def keda(record: Mapping[str, Any], template: str = DEFAULT_DEPLOYMENT,
                 "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
                 "minReplicaCount": floor,
                 "maxReplicaCount": ceiling,
+                "advanced": {"horizontalPodAutoscalerConfig": {"behavior": BEHAVIOR}},
                 "triggers": [{
                     "type": "prometheus",
                     "metricType": "AverageValue",

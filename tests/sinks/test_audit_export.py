@@ -69,6 +69,9 @@ def test_hpa_validates_against_the_pinned_autoscaling_v2_schema(audit_dir):
     assert bounds == [(2, 12), (1, 4), (4, 10)]  # floor 0 -> 1 (annotated); the ceiling-0 pool left out
     assert "aurelius.dev/replica-floor" in items[1]["metadata"]["annotations"]
     assert items[2]["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "96"  # 0.75 x 128
+    # the behavior the plan was simulated under, not the cluster's defaults (scale-up at once, down after 300 s)
+    assert {json.dumps(i["spec"]["behavior"], sort_keys=True) for i in items} == {json.dumps(
+        {"scaleDown": {"stabilizationWindowSeconds": 300}, "scaleUp": {"stabilizationWindowSeconds": 0}})}
     # the schema is strict: a misspelt field is caught (the pinned copy really is checking)
     bad = json.loads(json.dumps(items[0]))
     bad["spec"]["maxReplica"] = bad["spec"].pop("maxReplicas")
@@ -90,6 +93,7 @@ def test_keda_scaled_objects(audit_dir):
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", i["metadata"]["name"])
         spec = i["spec"]
         assert isinstance(spec["scaleTargetRef"]["name"], str) and isinstance(spec["minReplicaCount"], int)
+        assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == audit_export.BEHAVIOR
         trig = spec["triggers"][0]
         assert trig["type"] == "prometheus" and set(trig["metadata"]) == {"serverAddress", "query", "threshold"}
         assert all(isinstance(v, str) for v in trig["metadata"].values())
