@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes (one job = one market/seed workload under every policy)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-cache", action="store_true",
+                   help="measure the week-before search and the lead-in fleet again instead of loading an earlier "
+                   "run's (streams/replay/memo.py; off also with AURELIUS_CACHE_DIR=off)")  # fmt: skip
     p.add_argument("--report", action="store_true", help="then write the HTML report and figures under OUT/report")
     p.add_argument(
         "--hindsight", action="store_true",

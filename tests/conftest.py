@@ -23,6 +23,10 @@ from typing import Any
 
 import pytest
 
+#: the replay's on-disk cache of week-before searches (streams/replay/memo.py) is off for the suite: a test that
+#: monkeypatches what a search measures must not read an entry an earlier test wrote (tests of it turn it on)
+os.environ["AURELIUS_CACHE_DIR"] = "off"
+
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"  # testcontainers runs it in KRaft mode
 
 

@@ -40,6 +40,7 @@ from schemas.fleet import default_fleet
 from schemas.policy import REFERENCE_POLICIES
 from schemas.protocol import CLASSES
 from sinks.audit_store import FILE_GLOB, ParquetAuditStore
+from streams.replay import memo
 from streams.replay.branching import DEFAULT_REPLICATES, arrival_periods
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.hindsight import (
@@ -284,15 +285,41 @@ def _label(job: Job, kind: str, policy: str) -> str:
 
 
 def _lead_task(job: Job, args: argparse.Namespace) -> dict[tuple[str, str, str], int]:
-    wl = _workload(job, args)
-    return lead_in_fleet(job.market, wl.window.start, default_fleet(tuple(_csv(args.markets))), seed=job.seed,
-                         physics=_physics(args), all_sites=job.all_sites)  # fmt: skip
+    return _lead(job, args, _workload(job, args).window.start)
 
 
 def _tune_task(job: Job, args: argparse.Namespace) -> Tuning:
-    wl = _workload(job, args)
-    return tune_static(job.market, wl.window.start, default_fleet(tuple(_csv(args.markets))), seed=job.seed,
-                       physics=_physics(args), period_minutes=args.period_minutes, draws=_draws(args))  # fmt: skip
+    return _tune(job, args, _workload(job, args).window.start)
+
+
+def _lead(job: Job, args: argparse.Namespace, start: datetime) -> dict[tuple[str, str, str], int]:
+    """The fleet at the window's start (`lead_in_fleet`), from the cache where an earlier run measured it
+    (streams/replay/memo.py; `--no-cache`: measured again)."""
+    fleet, physics = default_fleet(tuple(_csv(args.markets))), _physics(args)
+
+    def compute() -> dict[tuple[str, str, str], int]:
+        return lead_in_fleet(job.market, start, fleet, seed=job.seed, physics=physics, all_sites=job.all_sites)
+
+    if getattr(args, "no_cache", False):
+        return compute()
+    name = memo.key("lead", market=job.market, start=start, fleet=fleet, seed=job.seed, physics=physics,
+                    all_sites=job.all_sites)  # fmt: skip
+    return memo.remembered(name, compute, memo.dump_fleet, memo.load_fleet)
+
+
+def _tune(job: Job, args: argparse.Namespace, start: datetime) -> Tuning:
+    """The week-before search (`tune_static`), from the cache where an earlier run measured it (`_lead`)."""
+    fleet, physics, draws = default_fleet(tuple(_csv(args.markets))), _physics(args), _draws(args)
+
+    def compute() -> Tuning:
+        return tune_static(job.market, start, fleet, seed=job.seed, physics=physics,
+                           period_minutes=args.period_minutes, draws=draws)  # fmt: skip
+
+    if getattr(args, "no_cache", False):
+        return compute()
+    name = memo.key("tune", market=job.market, start=start, fleet=fleet, seed=job.seed, physics=physics,
+                    period_minutes=args.period_minutes, draws=draws)  # fmt: skip
+    return memo.remembered(name, compute, memo.dump_tuning, memo.load_tuning)
 
 
 def _draws(args: argparse.Namespace) -> int:
@@ -363,12 +390,10 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
     wl = _workload(job, args)
     tuning = None
     if any(wants_tuning(p) for p in job.policies):
-        tuning = tune_static(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
-                             period_minutes=args.period_minutes, draws=_draws(args))  # fmt: skip
+        tuning = _tune(job, args, wl.window.start)
         _tick(bar)
     window = _window(job, wl, tuning)
-    initial = lead_in_fleet(job.market, wl.window.start, fleet, seed=job.seed, physics=physics,
-                            all_sites=job.all_sites)  # fmt: skip
+    initial = _lead(job, args, wl.window.start)
     _tick(bar)
     outcomes = []
     audited = set(_csv(getattr(args, "realized_regret", "") or ""))
