@@ -294,32 +294,28 @@ def _tune_task(job: Job, args: argparse.Namespace) -> Tuning:
 
 def _lead(job: Job, args: argparse.Namespace, start: datetime) -> dict[tuple[str, str, str], int]:
     """The fleet at the window's start (`lead_in_fleet`), from the cache where an earlier run measured it
-    (streams/replay/memo.py; `--no-cache`: measured again)."""
+    (`_cached`)."""
     fleet, physics = default_fleet(tuple(_csv(args.markets))), _physics(args)
-
-    def compute() -> dict[tuple[str, str, str], int]:
-        return lead_in_fleet(job.market, start, fleet, seed=job.seed, physics=physics, all_sites=job.all_sites)
-
-    if getattr(args, "no_cache", False):
-        return compute()
-    name = memo.key("lead", market=job.market, start=start, fleet=fleet, seed=job.seed, physics=physics,
-                    all_sites=job.all_sites)  # fmt: skip
-    return memo.remembered(name, compute, memo.dump_fleet, memo.load_fleet)
+    return _cached(args, lambda: lead_in_fleet(job.market, start, fleet, seed=job.seed, physics=physics,
+                                               all_sites=job.all_sites),
+                   memo.dump_fleet, memo.load_fleet, "lead", market=job.market, start=start, fleet=fleet,
+                   seed=job.seed, physics=physics, all_sites=job.all_sites)  # fmt: skip
 
 
 def _tune(job: Job, args: argparse.Namespace, start: datetime) -> Tuning:
-    """The week-before search (`tune_static`), from the cache where an earlier run measured it (`_lead`)."""
+    """The week-before search (`tune_static`), from the cache where an earlier run measured it (`_cached`)."""
     fleet, physics, draws = default_fleet(tuple(_csv(args.markets))), _physics(args), _draws(args)
+    return _cached(args, lambda: tune_static(job.market, start, fleet, seed=job.seed, physics=physics,
+                                             period_minutes=args.period_minutes, draws=draws),
+                   memo.dump_tuning, memo.load_tuning, "tune", market=job.market, start=start, fleet=fleet,
+                   seed=job.seed, physics=physics, period_minutes=args.period_minutes, draws=draws)  # fmt: skip
 
-    def compute() -> Tuning:
-        return tune_static(job.market, start, fleet, seed=job.seed, physics=physics,
-                           period_minutes=args.period_minutes, draws=draws)  # fmt: skip
 
+def _cached(args: argparse.Namespace, compute: Any, dump: Any, load: Any, kind: str, **inputs: Any) -> Any:
+    """`compute()`, or its entry of streams/replay/memo.py keyed by `kind` and `inputs` (`--no-cache`: computed)."""
     if getattr(args, "no_cache", False):
         return compute()
-    name = memo.key("tune", market=job.market, start=start, fleet=fleet, seed=job.seed, physics=physics,
-                    period_minutes=args.period_minutes, draws=draws)  # fmt: skip
-    return memo.remembered(name, compute, memo.dump_tuning, memo.load_tuning)
+    return memo.remembered(memo.key(kind, **inputs), compute, dump, load)
 
 
 def _draws(args: argparse.Namespace) -> int:
