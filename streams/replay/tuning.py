@@ -14,8 +14,9 @@ searched at the best of the ones before it. Then the engine's restart settings, 
 chunked-prefill token budget (`RESTART_AXES`), are searched together, every pair at the batch cap, clock and
 target the pass reached: each change is a reload, and their worth is joint (fp8 KV's memory per sequence against
 the batch cap, the budget's prefill chunks against decode under fp8), so one knob at a time misses a pair that pays
-only together. Where the pair changes, the clock's measurements are taken again at it (what the aurelius arms
-reprice). Only data from before the window is used.
+only together. Last, every clock share is measured at the configuration chosen (what the aurelius arms reprice;
+until 2026-12-03's fourteenth session at the configuration the clock axis was searched at, so a target or budget
+chosen after it was not in the rows). Only data from before the window is used.
 
 Every configuration is measured on `TUNE_DRAWS` workload draws of the week before's first 15 minutes (draw 0 the
 window's own, the others the same hours under other workload seeds) and pooled (`pool`). One draw, the protocol
@@ -75,7 +76,7 @@ def _with(cfg: StaticConfig, axis: str, value: object) -> StaticConfig:
 class Tuning:
     """The chosen configuration, every candidate's measured gp/$, per-class violation rates, SLA-met requests,
     GPU cost ($, both bases) and energy (MWh), and the clock axis's measurements (`clock`: what the aurelius arms
-    reprice at each period's price, optimizer/clock_price.py)."""
+    reprice at each period's price, optimizer/clock_price.py; every share at the chosen configuration)."""
 
     config: StaticConfig
     window_start: datetime
@@ -150,12 +151,9 @@ def tune_on(
         return ok(measure(cfg)) and measure(cfg)["gp_per_dollar"] > measure(than)["gp_per_dollar"]
 
     best = DEPLOYED
-    clock: list[ClockMeasurement] = []
     for axis, values in AXES:
         for value in values:
             cfg = _with(best, axis, value)
-            if axis == "clock_share":  # the same configuration at each share (best differs from it in the clock)
-                clock.append(_clock_row(float(value), measure(cfg), ok(measure(cfg))))  # type: ignore[arg-type]
             if better(cfg, best):
                 best = cfg
     passed = best
@@ -164,10 +162,12 @@ def tune_on(
         cfg = _with(_with(passed, RESTART_AXES[0], a), RESTART_AXES[1], b)
         if better(cfg, best):
             best = cfg
-    if best != passed:  # the clock measured again at the restart settings chosen
-        rows = [measure(_with(best, "clock_share", c.share)) for c in clock]
-        clock = [_clock_row(c.share, row, ok(row)) for c, row in zip(clock, rows, strict=True)]
-    return Tuning(best, tuned_on, tuple(measured.values()), ClockPrices(tuple(clock)) if clock else None)
+    # each clock share measured at the configuration chosen (its target and token budget included): what the
+    # aurelius arms run and reprice (measured once; most are already in the table)
+    shares = dict(AXES)["clock_share"]
+    clock = [_clock_row(float(x), measure(c), ok(measure(c)))  # type: ignore[arg-type]
+             for x, c in ((x, _with(best, "clock_share", x)) for x in shares)]  # fmt: skip
+    return Tuning(best, tuned_on, tuple(measured.values()), ClockPrices(tuple(clock)))
 
 
 def measure_config(

@@ -62,13 +62,15 @@ def test_coordinate_search_finds_the_best_admissible_configuration(fake_runs: li
     assert t.config == StaticConfig("fp8", "fp8", 512, 0.85, 0.9, 2048)
     assert fake_runs[0] == DEPLOYED
     # each configuration measured once; the restart settings' grid at batch 512, clock 0.85, target 0.9 adds the six
-    # pairs the pass had not run (bf16 and fp8 + auto KV at each budget)
-    assert len(fake_runs) == len(set(fake_runs)) == 1 + 2 + 3 + 2 + 2 + 2 + 6
+    # pairs the pass had not run (bf16 and fp8 + auto KV at each budget), the clock rows the two other shares at
+    # target 0.9 and the 2048 budget
+    assert len(fake_runs) == len(set(fake_runs)) == 1 + 2 + 3 + 2 + 2 + 2 + 6 + 2
     assert {r["config"]["kv_dtype"] for r in t.table} == {"auto", "fp8"}
-    # the clock axis's measurements, at the configuration the search had reached (fp8 + fp8 KV, batch 512)
+    # the clock's measurements, each share at the configuration chosen (its target and budget included)
     assert t.clock is not None
     assert [(c.share, c.within_sla) for c in t.clock.rows] == [(1.0, True), (0.85, True), (0.7, False)]
-    assert [c.sla_met for c in t.clock.rows] == [10 * (100 + 9 + 4 + g) for g in (0.0, 1.0, 6.0)]
+    assert [c.sla_met for c in t.clock.rows] == [10 * (100 + 9 + 4 + g + 2 + 3) for g in (0.0, 1.0, 6.0)]
+    assert set(fake_runs[-2:]) == {replace(t.config, clock_share=x) for x in (1.0, 0.7)}
     assert {(c.gpu_usd, c.gpu_usd_owned) for c in t.clock.rows} == {(9.0, 11.0)}
 
 
