@@ -306,9 +306,11 @@ def _tune(job: Job, args: argparse.Namespace, start: datetime) -> Tuning:
     """The week-before search (`tune_static`), from the cache where an earlier run measured it (`_cached`)."""
     fleet, physics, draws = default_fleet(tuple(_csv(args.markets))), _physics(args), _draws(args)
     return _cached(args, lambda: tune_static(job.market, start, fleet, seed=job.seed, physics=physics,
-                                             period_minutes=args.period_minutes, draws=draws),
+                                             period_minutes=args.period_minutes, draws=draws,
+                                             all_sites=job.all_sites),
                    memo.dump_tuning, memo.load_tuning, "tune", market=job.market, start=start, fleet=fleet,
-                   seed=job.seed, physics=physics, period_minutes=args.period_minutes, draws=draws)  # fmt: skip
+                   seed=job.seed, physics=physics, period_minutes=args.period_minutes, draws=draws,
+                   all_sites=job.all_sites)  # fmt: skip
 
 
 def _cached(args: argparse.Namespace, compute: Any, dump: Any, load: Any, kind: str, **inputs: Any) -> Any:

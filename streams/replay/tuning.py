@@ -41,6 +41,7 @@ from schemas.fleet import FleetSpec
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
 from streams.workload.builder import Workload, build_workload
+from streams.workload.residency import assign_residency
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.runtime import Physics
 
@@ -94,14 +95,17 @@ def tune_static(
     periods: int = TUNE_PERIODS,
     period_minutes: float = 5.0,
     draws: int = TUNE_DRAWS,
+    all_sites: bool = False,
 ) -> Tuning:
     """Search the configurations on the window one week before `window_start` (periods x period_minutes), each
     measured on `draws` workload draws of those hours (seeds `seed + DRAW_STRIDE x r`; draw 0 is the window's
-    own week before) and pooled (`pool`)."""
+    own week before) and pooled (`pool`); with all_sites on every site of `fleet` (the three-site mode), as the
+    window is served."""
     samples = [week_before(market, window_start, fleet, seed=seed + DRAW_STRIDE * r, physics=physics,
-                           periods=periods, period_minutes=period_minutes) for r in range(draws)]  # fmt: skip
+                           periods=periods, period_minutes=period_minutes, all_sites=all_sites)
+               for r in range(draws)]  # fmt: skip
     return tune_on(samples, fleet, window_start - timedelta(days=7), physics=physics, periods=periods,
-                   period_minutes=period_minutes)  # fmt: skip
+                   period_minutes=period_minutes, all_sites=all_sites)  # fmt: skip
 
 
 def week_before(
@@ -113,13 +117,18 @@ def week_before(
     physics: Physics | None = None,
     periods: int = TUNE_PERIODS,
     period_minutes: float = 5.0,
+    all_sites: bool = False,
 ) -> tuple[Workload, dict[tuple[str, str, str], int]]:
     """The workload of the `periods` one week before `window_start` (its own seed) and the fleet it starts
-    from (`lead_in_fleet`): the data a replay of the window may tune and measure on."""
+    from (`lead_in_fleet`): the data a replay of the window may tune and measure on; with all_sites its requests
+    carry residency over the fleet's regions and the fleet is every site's, as in the three-site mode's window."""
     past = window_start - timedelta(days=7)
     wl = build_workload(market, past.year, start=past, periods=periods, period_minutes=period_minutes,
                         seed=seed + 7919)  # fmt: skip
-    return wl, lead_in_fleet(market, past, fleet, seed=seed, physics=physics)
+    if all_sites:
+        regions = tuple(site.region for site in fleet.sites)
+        wl = replace(wl, requests=assign_residency(wl.requests, regions, market, seed=seed))
+    return wl, lead_in_fleet(market, past, fleet, seed=seed, physics=physics, all_sites=all_sites)
 
 
 def tune_on(
@@ -130,16 +139,18 @@ def tune_on(
     physics: Physics | None = None,
     periods: int = TUNE_PERIODS,
     period_minutes: float = 5.0,
+    all_sites: bool = False,
 ) -> Tuning:
     """Search the configurations on past workloads (`samples`: each a workload starting at `tuned_on` and the fleet
     it is served from; one, or draws of the same hours pooled by `pool`) (module docstring): the bundled week
-    before (`tune_static`), or an operator's records before the range."""
+    before (`tune_static`), or an operator's records before the range; all_sites serves every site of `fleet`."""
     measured: dict[StaticConfig, dict[str, Any]] = {}
 
     def measure(cfg: StaticConfig) -> dict[str, Any]:
         if cfg not in measured:
             measured[cfg] = pool([measure_config(cfg, wl, initial, fleet, physics=physics, periods=periods,
-                                                 period_minutes=period_minutes) for wl, initial in samples])
+                                                 period_minutes=period_minutes, all_sites=all_sites)
+                                  for wl, initial in samples])  # fmt: skip
         return measured[cfg]
 
     base = measure(DEPLOYED)["violation"]
@@ -179,12 +190,15 @@ def measure_config(
     physics: Physics | None = None,
     periods: int = TUNE_PERIODS,
     period_minutes: float = 5.0,
+    all_sites: bool = False,
 ) -> dict[str, Any]:
-    """`production-tuned` at `cfg` serving the past workload `wl` from the fleet `initial` on the ground truth:
+    """`production-tuned` at `cfg` serving the past workload `wl` from the fleet `initial` on the ground truth
+    (all_sites: at every site of `fleet`, else at `wl`'s market's):
     gp/$, per-class violation rates (ratio), SLA-met requests, GPU cost ($, rented and owned basis) and energy
     (MWh), as the search compares them."""
     run = run_replay(wl, TunedProductionPolicy(config=cfg), fleet, period_s=period_minutes * 60.0,
-                     window_s=periods * period_minutes * 60.0, physics=physics, initial_replicas=initial)
+                     window_s=periods * period_minutes * 60.0, physics=physics, initial_replicas=initial,
+                     all_sites=all_sites)  # fmt: skip
     s = summarize(run)
     return {"config": cfg.as_dict(), "gp_per_dollar": s["gp_per_dollar"],
             "violation": {c: v["sla_violation_rate"] for c, v in s["classes"].items()},

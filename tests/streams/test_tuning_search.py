@@ -130,3 +130,42 @@ def test_draws_pool_each_configuration_over_the_draws_of_the_same_hours(monkeypa
     assert all({d for c2, d in seen if c2 == c} == draws for c, _ in seen)
     slow = next(r for r in t.table if r["config"]["clock_share"] == 0.7)
     assert slow["draws"] == 2 and slow["violation"]["chat"] == pytest.approx(0.03)
+
+
+def test_the_three_site_mode_is_tuned_on_every_site_with_residency(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The three-site window is served at every site with a share of requests pinned to one region: its
+    week-before search measures each configuration the same way (every site, residency, the lead-in fleet of
+    every site), not at the market's site alone."""
+    from dataclasses import dataclass
+
+    import polars as pl
+
+    @dataclass(frozen=True)
+    class Past:
+        requests: pl.DataFrame
+
+    calls: list[tuple[bool, Any]] = []
+    leads: list[bool] = []
+    monkeypatch.setattr(tuning, "build_workload", lambda *a, **k: Past(pl.DataFrame(
+        {"tenant": ["t"] * 400, "allowed_regions": [["us-east"]] * 400})))  # fmt: skip
+    monkeypatch.setattr(tuning, "lead_in_fleet", lambda *a, all_sites=False, **k: leads.append(all_sites) or {})
+
+    def run_replay(wl: Any, policy: Any, *a: Any, all_sites: bool = False, **k: Any) -> Any:
+        calls.append((all_sites, wl))
+        return SimpleNamespace(config=policy.config)
+
+    monkeypatch.setattr(tuning, "run_replay", run_replay)
+    monkeypatch.setattr(tuning, "summarize", lambda run: {
+        "gp_per_dollar": _score(run.config)[0], "classes": {"chat": {"sla_violation_rate": 0.01}}, "sla_met": 1000,
+        "gpu_cost_usd": 9.0, "cost_usd_owned": 12.0, "energy_cost_usd": 1.0, "energy_mwh": 0.001})  # fmt: skip
+    fleet = default_fleet(("ERCOT", "PJM", "CAISO"))
+    at = ("ERCOT", datetime(2023, 8, 25, 0, tzinfo=UTC), fleet)
+    tuning.tune_static(*at, seed=0, draws=1, all_sites=True)
+    assert leads == [True] and calls and all(flag for flag, _ in calls)
+    tenants = calls[0][1].requests["tenant"]
+    pinned = {t.split("-", 1)[1] for t in tenants if "-" in t}
+    assert pinned == {site.region for site in fleet.sites}  # pinned to every site's region
+    calls.clear(), leads.clear()
+    tuning.tune_static(*at, seed=0, draws=1)
+    assert leads == [False] and not any(flag for flag, _ in calls)
+    assert calls[0][1].requests["tenant"].to_list() == ["t"] * 400
