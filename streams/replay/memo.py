@@ -93,13 +93,14 @@ def remembered(name: str, compute: Callable[[], T], dump: Callable[[T], Any], lo
 
 def dump_tuning(t: Tuning) -> dict[str, Any]:
     """A `Tuning` as JSON (`load_tuning` reads it back equal)."""
-    clock = None if t.clock is None else [vars(r) for r in t.clock.rows]
+    clock = None if t.clock is None else t.clock.as_dict()
     return {"config": t.config.as_dict(), "window_start": t.window_start.isoformat(), "table": list(t.table),
             "clock": clock}
 
 
 def load_tuning(d: dict[str, Any]) -> Tuning:
-    clock = None if d["clock"] is None else ClockPrices(tuple(ClockMeasurement(**r) for r in d["clock"]))
+    clock = None if d["clock"] is None else ClockPrices(tuple(
+        ClockMeasurement(**{**r, "per_draw": tuple(tuple(x) for x in r.get("per_draw", ()))}) for r in d["clock"]))
     return Tuning(StaticConfig(**d["config"]), datetime.fromisoformat(d["window_start"]), tuple(d["table"]), clock)
 
 

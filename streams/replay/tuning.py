@@ -145,12 +145,13 @@ def tune_on(
     it is served from; one, or draws of the same hours pooled by `pool`) (module docstring): the bundled week
     before (`tune_static`), or an operator's records before the range; all_sites serves every site of `fleet`."""
     measured: dict[StaticConfig, dict[str, Any]] = {}
+    draws: dict[StaticConfig, list[dict[str, Any]]] = {}
 
     def measure(cfg: StaticConfig) -> dict[str, Any]:
         if cfg not in measured:
-            measured[cfg] = pool([measure_config(cfg, wl, initial, fleet, physics=physics, periods=periods,
-                                                 period_minutes=period_minutes, all_sites=all_sites)
-                                  for wl, initial in samples])  # fmt: skip
+            draws[cfg] = [measure_config(cfg, wl, initial, fleet, physics=physics, periods=periods,
+                                         period_minutes=period_minutes, all_sites=all_sites) for wl, initial in samples]
+            measured[cfg] = pool(draws[cfg])
         return measured[cfg]
 
     base = measure(DEPLOYED)["violation"]
@@ -176,7 +177,7 @@ def tune_on(
     # each clock share measured at the configuration chosen (its target and token budget included): what the
     # aurelius arms run and reprice (measured once; most are already in the table)
     shares = dict(AXES)["clock_share"]
-    clock = [_clock_row(float(x), measure(c), ok(measure(c)))  # type: ignore[arg-type]
+    clock = [_clock_row(float(x), measure(c), ok(measure(c)), draws[c] if len(samples) > 1 else [])  # type: ignore[arg-type]
              for x, c in ((x, _with(best, "clock_share", x)) for x in shares)]  # fmt: skip
     return Tuning(best, tuned_on, tuple(measured.values()), ClockPrices(tuple(clock)))
 
@@ -230,10 +231,12 @@ def pool(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "draws": len(rows)}  # fmt: skip
 
 
-def _clock_row(share: float, row: dict[str, Any], within_sla: bool) -> ClockMeasurement:
-    """One clock share's measurement (the configuration otherwise the chosen one's)."""
+def _clock_row(share: float, row: dict[str, Any], within_sla: bool, draws: list[dict[str, Any]]) -> ClockMeasurement:
+    """One clock share's measurement, pooled (`row`) and per draw (`draws`; empty for one draw), the configuration
+    otherwise the chosen one's."""
+    per_draw = tuple((float(d["sla_met"]), d["gpu_usd"], d["gpu_usd_owned"], d["energy_mwh"]) for d in draws)
     return ClockMeasurement(share, float(row["sla_met"]), row["gpu_usd"], row["gpu_usd_owned"], row["energy_mwh"],
-                            within_sla)  # fmt: skip
+                            within_sla, per_draw)  # fmt: skip
 
 
 def lead_in_fleet(

@@ -34,7 +34,9 @@ def test_a_tuning_survives_the_round_trip_equal() -> None:
     t = tuning.Tuning(StaticConfig("fp8", "fp8", None, 0.85, 0.7, 2048), START,
                       ({"config": StaticConfig().as_dict(), "gp_per_dollar": 0.1 + 0.2, "violation": {"chat": 1 / 3},
                         "sla_met": 12345, "gpu_usd": 9.87654321},),
-                      tuning.ClockPrices((tuning.ClockMeasurement(0.7, 950.5, 1.0, 1.2, 0.0006, False),)))
+                      tuning.ClockPrices((tuning.ClockMeasurement(0.7, 950.5, 1.0, 1.2, 0.0006, False),
+                                          tuning.ClockMeasurement(1.0, 960.0, 1.0, 1.2, 0.0008, True,
+                                                                  ((480.0, 0.5, 0.6, 0.0004),) * 2))))
     bare = tuning.Tuning(StaticConfig(), START, ())  # no clock measured
     for x in (t, bare):
         assert memo.load_tuning(json.loads(json.dumps(memo.dump_tuning(x)))) == x

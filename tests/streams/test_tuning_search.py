@@ -130,6 +130,10 @@ def test_draws_pool_each_configuration_over_the_draws_of_the_same_hours(monkeypa
     assert all({d for c2, d in seen if c2 == c} == draws for c, _ in seen)
     slow = next(r for r in t.table if r["config"]["clock_share"] == 0.7)
     assert slow["draws"] == 2 and slow["violation"]["chat"] == pytest.approx(0.03)
+    # the clock rows keep each draw's measurement beside the pooled one (what `ClockPrices.share_at` checks)
+    assert t.clock is not None
+    row = next(r for r in t.clock.rows if r.share == 0.7)
+    assert [d[0] for d in row.per_draw] == [10 * 106.0, 10 * 90.0] and row.sla_met == 10 * (106 + 90)
 
 
 def test_the_three_site_mode_is_tuned_on_every_site_with_residency(monkeypatch: pytest.MonkeyPatch) -> None:
