@@ -295,29 +295,24 @@ def _tune_task(job: Job, args: argparse.Namespace) -> Tuning:
 def _lead(job: Job, args: argparse.Namespace, start: datetime) -> dict[tuple[str, str, str], int]:
     """The fleet at the window's start (`lead_in_fleet`), from the cache where an earlier run measured it
     (`_cached`)."""
-    fleet, physics = default_fleet(tuple(_csv(args.markets))), _physics(args)
-    return _cached(args, lambda: lead_in_fleet(job.market, start, fleet, seed=job.seed, physics=physics,
-                                               all_sites=job.all_sites),
-                   memo.dump_fleet, memo.load_fleet, "lead", market=job.market, start=start, fleet=fleet,
-                   seed=job.seed, physics=physics, all_sites=job.all_sites)  # fmt: skip
+    return _cached(args, "lead", lead_in_fleet, memo.dump_fleet, memo.load_fleet, market=job.market, window_start=start,
+                   fleet=default_fleet(tuple(_csv(args.markets))), seed=job.seed, physics=_physics(args),
+                   all_sites=job.all_sites)  # fmt: skip
 
 
 def _tune(job: Job, args: argparse.Namespace, start: datetime) -> Tuning:
     """The week-before search (`tune_static`), from the cache where an earlier run measured it (`_cached`)."""
-    fleet, physics, draws = default_fleet(tuple(_csv(args.markets))), _physics(args), _draws(args)
-    return _cached(args, lambda: tune_static(job.market, start, fleet, seed=job.seed, physics=physics,
-                                             period_minutes=args.period_minutes, draws=draws,
-                                             all_sites=job.all_sites),
-                   memo.dump_tuning, memo.load_tuning, "tune", market=job.market, start=start, fleet=fleet,
-                   seed=job.seed, physics=physics, period_minutes=args.period_minutes, draws=draws,
-                   all_sites=job.all_sites)  # fmt: skip
+    return _cached(args, "tune", tune_static, memo.dump_tuning, memo.load_tuning, market=job.market, window_start=start,
+                   fleet=default_fleet(tuple(_csv(args.markets))), seed=job.seed, physics=_physics(args),
+                   period_minutes=args.period_minutes, draws=_draws(args), all_sites=job.all_sites)  # fmt: skip
 
 
-def _cached(args: argparse.Namespace, compute: Any, dump: Any, load: Any, kind: str, **inputs: Any) -> Any:
-    """`compute()`, or its entry of streams/replay/memo.py keyed by `kind` and `inputs` (`--no-cache`: computed)."""
+def _cached(args: argparse.Namespace, kind: str, compute: Any, dump: Any, load: Any, **inputs: Any) -> Any:
+    """`compute(**inputs)`, or its entry of streams/replay/memo.py keyed by `kind` and `inputs` (the key holds every
+    argument, so none can be left out of it; `--no-cache`: computed)."""
     if getattr(args, "no_cache", False):
-        return compute()
-    return memo.remembered(memo.key(kind, **inputs), compute, dump, load)
+        return compute(**inputs)
+    return memo.remembered(memo.key(kind, **inputs), lambda: compute(**inputs), dump, load)
 
 
 def _draws(args: argparse.Namespace) -> int:

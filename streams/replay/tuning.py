@@ -176,9 +176,10 @@ def tune_on(
             best = cfg
     # each clock share measured at the configuration chosen (its target and token budget included): what the
     # aurelius arms run and reprice (measured once; most are already in the table)
-    shares = dict(AXES)["clock_share"]
-    clock = [_clock_row(float(x), measure(c), ok(measure(c)), draws[c] if len(samples) > 1 else [])  # type: ignore[arg-type]
-             for x, c in ((x, _with(best, "clock_share", x)) for x in shares)]  # fmt: skip
+    clock = []
+    for share in dict(AXES)["clock_share"]:
+        cfg = _with(best, "clock_share", share)
+        clock.append(_clock_row(float(share), measure(cfg), ok(measure(cfg)), draws[cfg] if len(samples) > 1 else []))  # type: ignore[arg-type]
     return Tuning(best, tuned_on, tuple(measured.values()), ClockPrices(tuple(clock)))
 
 
