@@ -9,6 +9,13 @@ is repeated on `--replicates` noise replicates (arrivals shifted by under 1 ms, 
 whole window's gp/$ moves several % with the event order alone, so each setting's difference against production
 is paired on the same replicate and averaged.
 
+With `--engine tuned` the guarded plan is the one the aurelius arms guard: production's plan at the week-before
+search's engine settings (streams/replay/tuning.py `tune_static`, the search production-tuned runs: weights, KV
+dtype, chunked-prefill token budget, and the SM clock share it prices best at each period's published price,
+optimizer/clock_price.py), and production-tuned (the searched configuration) is a reference beside production and
+naive. The search measures on the week before's first 15 minutes (4 draws), the fit on its 3 hours and noise
+replicates, so production-tuned is in-sample there: a fit that must not be worse than it is a conservative one.
+
 Per market and setting it prints the mean rented and owned gp/$ difference against production and each class's
 violation-rate difference (pp), and the naive reference's (a static fleet, replayed on the same hours: on the owned
 basis, where holding capacity costs only its energy, it can be the strongest reference); the chosen setting has the
@@ -18,6 +25,7 @@ than the strongest reference's on that basis (production's, or naive's where nai
 
     python benchmarks/guard_fit.py --out benchmarks/results/guard_fit_week_before.json
     python benchmarks/guard_fit.py --year 2022 --source window --out benchmarks/results/guard_fit_2022_windows.json
+    python benchmarks/guard_fit.py --engine tuned --backlogs 0 --out benchmarks/results/guard_fit_week_before_tuned.json
 
 Runs the ground truth: a measurement tool, never imported by the planner.
 """
@@ -36,14 +44,16 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.baselines.tuned import TunedProductionPolicy, with_clock_share, with_precision, with_token_budget
 from optimizer.registry import create
 from optimizer.scale_guard import ENERGY_RULES, GuardInputs, ScaleGuard, priced_target
 from schemas.cost import COST_BASES, energy_breakeven_usd_mwh
 from schemas.fleet import default_fleet
+from streams.replay import memo
 from streams.replay.branching import live_replicas, noise_shifts
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
-from streams.replay.tuning import lead_in_fleet, week_before
+from streams.replay.tuning import TUNE_DRAWS, Tuning, lead_in_fleet, tune_static, week_before
 from streams.workload.builder import Workload, build_workload
 from worldmodel.groundtruth.runtime import Physics
 
@@ -51,6 +61,10 @@ CLASSES = ("code", "chat", "batch")
 #: the setting name of the naive reference's rows (a static fleet at mean load: the strongest owned reference
 #: wherever holding the fleet costs little)
 NAIVE = "naive"
+#: the setting name of production-tuned's rows (`--engine tuned`: the week-before search's configuration)
+TUNED = "production-tuned"
+#: the rows that are references, never chosen: the strongest on the basis is the bound on every class
+REFERENCES = (NAIVE, TUNED)
 
 
 def _noisy(wl: Workload, r: int) -> Workload:
@@ -95,15 +109,30 @@ def period_prices(wl: Workload, period_s: float = 300.0) -> list[float | None]:
     return out
 
 
+def at_engine(plan: Any, tuning: Tuning, price_usd_mwh: float | None) -> Any:
+    """`plan` at the week-before search's engine settings, as the aurelius arms run their reference's
+    (optimizer/aurelius.py `_at_reference_engine`, `_at_reference_clock`): weights, KV dtype, token budget, and
+    the clock share priced best at `price_usd_mwh` ($/MWh; None: none published, the full clock)."""
+    cfg = tuning.config
+    plan = with_token_budget(with_precision(plan, cfg.precision, cfg.kv_dtype), cfg.max_num_batched_tokens)
+    if tuning.clock is None or price_usd_mwh is None:
+        return plan
+    share = tuning.clock.share_at(price_usd_mwh)
+    return plan if share >= 1.0 else with_clock_share(plan, share)
+
+
 def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Physics,
-             energy_target: float | None = None, rule: str = "step") -> dict[str, float]:
-    """One replay of production's plan under `guard`; with `energy_target`, the guard's target moves from its own
-    to that one with each period's price against the fleet's energy break-even (`schemas.cost.
-    energy_breakeven_usd_mwh`) by `rule` (optimizer/scale_guard.priced_target)."""
-    prices = period_prices(wl) if energy_target is not None else []
+             energy_target: float | None = None, rule: str = "step", tuning: Tuning | None = None) \
+        -> dict[str, float]:
+    """One replay of production's plan under `guard` (at `tuning`'s engine settings when given, `at_engine`); with
+    `energy_target`, the guard's target moves from its own to that one with each period's price against the fleet's
+    energy break-even (`schemas.cost.energy_breakeven_usd_mwh`) by `rule` (optimizer/scale_guard.priced_target)."""
+    prices = period_prices(wl) if energy_target is not None or tuning is not None else []
     breakeven = energy_breakeven_usd_mwh(default_fleet().gpus_by_type())
 
     def intercept(k: int, run: Any, plan: Any) -> Any:
+        if tuning is not None:
+            plan = at_engine(plan, tuning, prices[min(k, len(prices) - 1)])
         if guard is None:
             return plan
         inputs = GuardInputs(live_replicas(run), {}, waiting(run))
@@ -116,10 +145,12 @@ def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Phy
     return _replayed(wl, "production", initial, physics, intercept)
 
 
-def _replayed(wl: Workload, policy: str, initial: dict, physics: Physics, intercept: Any = None) -> dict[str, float]:
-    """gp/$ on both bases and each class's violation rate (%) of one replay of `policy` (a registry name) on the
-    default fleet from `initial`, each plan through `intercept` when given."""
-    run = run_replay(wl, create(policy), default_fleet(), period_s=300.0, physics=physics, initial_replicas=initial,
+def _replayed(wl: Workload, policy: str, initial: dict, physics: Physics, intercept: Any = None,
+              tuning: Tuning | None = None) -> dict[str, float]:
+    """gp/$ on both bases and each class's violation rate (%) of one replay of `policy` (a registry name; TUNED
+    runs `tuning`'s configuration) on the default fleet from `initial`, each plan through `intercept` when given."""
+    pol = TunedProductionPolicy(config=tuning.config) if policy == TUNED and tuning is not None else create(policy)
+    run = run_replay(wl, pol, default_fleet(), period_s=300.0, physics=physics, initial_replicas=initial,
                      intercept=intercept)  # fmt: skip
     s = summarize(run)
     out = {"gp": s["gp_per_dollar"], "gp_owned": s["gp_per_dollar_owned"]}
@@ -128,30 +159,43 @@ def _replayed(wl: Workload, policy: str, initial: dict, physics: Physics, interc
     return out
 
 
-def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], int, str, str]) \
+def searched(market: str, window_start: Any, seed: int, physics: Physics) -> Tuning:
+    """The week-before search of the replay's job (`tune_static` with the replay's defaults), from the replay's cache
+    where it measured it (streams/replay/memo.py, the same key as `aurelius replay`'s)."""
+    inputs = {"market": market, "window_start": window_start, "fleet": default_fleet(), "seed": seed,
+              "physics": physics, "period_minutes": 5.0, "draws": TUNE_DRAWS, "all_sites": False}
+    return memo.remembered(memo.key("tune", **inputs), lambda: tune_static(**inputs), memo.dump_tuning,
+                           memo.load_tuning)  # fmt: skip
+
+
+def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], int, str, str, str]) \
         -> list[dict[str, Any]]:
     """Every setting of the grid (and production, setting None) on one market and seed's week-before hours (or
-    window, `source` "window") of the year's window chosen by `rule` ("max" or "median", streams/workload)."""
-    market, seed, periods, replicates, grid, year, source, rule = job
+    window, `source` "window") of the year's window chosen by `rule` ("max" or "median", streams/workload); with
+    `engine` "tuned" at the week-before search's engine settings, production-tuned beside (module docstring)."""
+    market, seed, periods, replicates, grid, year, source, rule, engine = job
     physics = Physics()
+    window_start = build_workload(market, year, rule=rule, periods=1, seed=seed).window.start
+    tuning = searched(market, window_start, seed, physics) if engine == "tuned" else None
     if source == "window":
         wl = build_workload(market, year, rule=rule, periods=periods, seed=seed)
         initial = lead_in_fleet(market, wl.window.start, default_fleet(), seed=seed, physics=physics)
     else:
-        window = build_workload(market, year, rule=rule, periods=1, seed=seed).window
-        wl, initial = week_before(market, window.start, default_fleet(), seed=seed, physics=physics, periods=periods)
+        wl, initial = week_before(market, window_start, default_fleet(), seed=seed, physics=physics, periods=periods)
     rows = []
     label = market if rule == "max" else f"{market}/{rule}"
     for r in range(1, replicates + 1):
         noisy = _noisy(wl, r)
-        rows.append({"market": label, "seed": seed, "replicate": r, "setting": NAIVE,
-                     **_replayed(noisy, NAIVE, initial, physics)})  # fmt: skip
+        for ref in REFERENCES if tuning is not None else (NAIVE,):
+            rows.append({"market": label, "seed": seed, "replicate": r, "setting": ref,
+                         **_replayed(noisy, ref, initial, physics, tuning=tuning)})  # fmt: skip
         for setting in [None, *grid]:
             guard = None if setting is None else ScaleGuard(step=setting[0], growth=setting[1], target=setting[2],
                                                             backlog=bool(setting[3]))
             energy, rule = setting[4:6] if setting is not None and len(setting) > 4 else (None, "step")
             rows.append({"market": label, "seed": seed, "replicate": r, "setting": setting,
-                         **_figures(noisy, initial, guard, physics, energy, rule)})  # fmt: skip
+                         **_figures(noisy, initial, guard, physics, energy, rule,
+                                    tuning if setting is not None else None)})  # fmt: skip
     return rows
 
 
@@ -172,23 +216,26 @@ def table(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
 
 def choose(tab: dict[str, dict[str, dict[str, float]]], slack_pp: float, basis: str = "rented") -> str | None:
     """The setting with the highest mean gain over the markets on `basis` ("rented" or "owned"), no class worse
-    by more than `slack_pp` than the strongest reference's on that basis in any market (production's, or naive's
-    where naive makes more on `basis`; naive is a reference, never chosen).
+    by more than `slack_pp` than the strongest reference's on that basis in any market (production's, or naive's or
+    production-tuned's where it makes more on `basis`; the references are never chosen).
 
     >>> tab = {"naive": {"PJM": {"gp": -0.4, "gp_owned": 0.09, "code": -2.4, "chat": -14.3, "batch": 0.0}},
     ...        "a": {"PJM": {"gp": 0.17, "gp_owned": 0.11, "code": -1.1, "chat": -15.7, "batch": 0.0}},
     ...        "b": {"PJM": {"gp": -0.14, "gp_owned": 0.13, "code": -2.6, "chat": -18.9, "batch": 0.0}}}
     >>> choose(tab, 0.1, "rented"), choose(tab, 0.1, "owned")  # owned: naive is the strongest, "a" breaks its code
     ('a', 'b')
+    >>> tab["production-tuned"] = {"PJM": {"gp": 0.1, "gp_owned": 0.0, "code": -1.5, "chat": -16.0, "batch": 0.0}}
+    >>> choose(tab, 0.1, "rented")  # production-tuned is the strongest rented: "a" is 0.3 pp worse on chat
+    'b'
     """
     key = "gp" if basis == "rented" else "gp_owned"
     zero = dict.fromkeys(("gp", "gp_owned", *CLASSES), 0.0)
 
     def strongest(market: str) -> dict[str, float]:  # production's row is all zeros (the differences' base)
-        naive = tab.get(NAIVE, {}).get(market)
-        return naive if naive is not None and naive[key] > 0.0 else zero
+        rows = [tab[ref][market] for ref in REFERENCES if market in tab.get(ref, {})]
+        return max([zero, *rows], key=lambda v: v[key])
 
-    ok = {s: float(np.mean([v[key] for v in by.values()])) for s, by in tab.items() if s != NAIVE
+    ok = {s: float(np.mean([v[key] for v in by.values()])) for s, by in tab.items() if s not in REFERENCES
           and all(v[c] - strongest(m)[c] <= slack_pp for m, v in by.items() for c in CLASSES)}  # fmt: skip
     return max(ok, key=ok.__getitem__) if ok else None
 
@@ -224,6 +271,9 @@ def main() -> None:
                          "the fleet's energy break-even (schemas.cost.energy_breakeven_usd_mwh), by each rule")
     ap.add_argument("--energy-rules", default="step", help="comma-separated rules (optimizer/scale_guard."
                     f"ENERGY_RULES: {', '.join(ENERGY_RULES)}) by which an energy target replaces the setting's")
+    ap.add_argument("--engine", choices=("deployed", "tuned"), default="deployed",
+                    help="guard production's plan as deployed, or at the week-before search's engine settings as the "
+                         "aurelius arms do, production-tuned a reference beside it (module docstring)")
     ap.add_argument("--basis", choices=COST_BASES, default="rented", help="the cost basis the setting is chosen on")
     ap.add_argument("--slack-pp", type=float, default=0.1, help="a class may be worse than production's by (pp)")
     ap.add_argument("--jobs", type=int, default=2)
@@ -235,7 +285,7 @@ def main() -> None:
     grid += [(*g, float(e), rule) for g in list(grid) for e in args.energy_targets.split(",") if e
              for rule in args.energy_rules.split(",")]  # fmt: skip
     rules = args.window_rules.split(",")
-    jobs = [(m, int(s), args.periods, args.replicates, grid, args.year, args.source, rule)
+    jobs = [(m, int(s), args.periods, args.replicates, grid, args.year, args.source, rule, args.engine)
             for rule in rules for m in args.markets.split(",") for s in args.seeds.split(",")]  # fmt: skip
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as ex:
