@@ -27,9 +27,9 @@ gives the table). The rented target was refitted (0.7 -> 0.65) once the arms ran
 search's engine settings and production-tuned had become the strongest reference: the same rule, on the plan the
 arms guard (`guard_fit.py --engine tuned`), against production-tuned's classes, where 0.7 leaves ERCOT's chat class
 2.2 pp above production-tuned's on its week before. The backlog term (`backlog`) was tried after CAISO's 2023
-default window (demand doubling mid-way) raised chat violations by 6.3 pp: it mends that window, but costs 2-5 pp of gain on the fit data, which
-leaves it off, and did worse on the windows replayed after it (median PJM, held-out 2024 CAISO); it is off
-(docs/optimizer.md has both sets of figures).
+default window (demand doubling mid-way) raised chat violations by 6.3 pp: it mends that window, but costs 2-5 pp
+of gain on the fit data, which leaves it off, and did worse on the windows replayed after it (median PJM, held-out
+2024 CAISO); it is off (docs/optimizer.md has both sets of figures).
 
 The target depends on the operator's cost basis (`cost_basis`, the policy's). On the owned basis the fleet is paid
 for whether it runs or not, so a replica held warm costs only its energy, which reaches its capital at the fleet's
