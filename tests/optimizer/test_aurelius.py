@@ -26,7 +26,7 @@ from opt_fakes import (
 from optimizer.aurelius import START_FALLBACK, AureliusPolicy
 from optimizer.levers import plan_key
 from optimizer.registry import create, names
-from optimizer.scale_guard import ScaleGuard
+from optimizer.scale_guard import GUARD_TARGET, ScaleGuard
 from schemas.audit import decision_id
 from schemas.policy import History
 
@@ -259,7 +259,7 @@ def test_the_guard_bounds_the_reference_by_the_live_fleet_or_the_forecast_need(n
     ref = {(p["site"], p["model"], p["gpu"]): p for p in rec["reference_plan"]["pools"]}
     assert ref[_LiveWorld.KEY]["replica_ceiling"] == ceiling
     assert ref[("site-pjm", "llama-3.1-70b", "A100")]["replica_ceiling"] == 1  # none live, no need: one may start
-    assert rec["reference_plan"]["autoscale_target"] == 0.7
+    assert rec["reference_plan"]["autoscale_target"] == GUARD_TARGET.value  # the guard's own target
     assert rec["scale_guard"]["live"] == {"site-pjm/llama-3.1-70b/H100": 3}
 
 
