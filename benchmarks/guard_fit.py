@@ -15,6 +15,9 @@ dtype, chunked-prefill token budget, and the SM clock share it prices best at ea
 optimizer/clock_price.py), and production-tuned (the searched configuration) is a reference beside production and
 naive. The search measures on the week before's first 15 minutes (4 draws), the fit on its 3 hours and noise
 replicates, so production-tuned is in-sample there: a fit that must not be worse than it is a conservative one.
+With `--engine tuned-policy` the guarded plan is production-tuned's own (the searched configuration with its batch
+cap and its price rule for deferrable work, the clock repriced per period as the arms do, `at_clock`): the plan the
+aurelius arms guard since the week-before search is measured (optimizer/wiring.py `TUNED_REFERENCE`).
 
 Per market and setting it prints the mean rented and owned gp/$ difference against production and each class's
 violation-rate difference (pp), and the naive reference's (a static fleet, replayed on the same hours: on the owned
@@ -26,6 +29,7 @@ than the strongest reference's on that basis (production's, or naive's where nai
     python benchmarks/guard_fit.py --out benchmarks/results/guard_fit_week_before.json
     python benchmarks/guard_fit.py --year 2022 --source window --out benchmarks/results/guard_fit_2022_windows.json
     python benchmarks/guard_fit.py --engine tuned --backlogs 0 --out benchmarks/results/guard_fit_week_before_tuned.json
+    python benchmarks/guard_fit.py --engine tuned-policy --backlogs 0 --growths 1 --steps 1 --targets 0.65,0.7,0.75,0.8
 
 Runs the ground truth: a measurement tool, never imported by the planner.
 """
@@ -115,6 +119,12 @@ def at_engine(plan: Any, tuning: Tuning, price_usd_mwh: float | None) -> Any:
     the clock share priced best at `price_usd_mwh` ($/MWh; None: none published, the full clock)."""
     cfg = tuning.config
     plan = with_token_budget(with_precision(plan, cfg.precision, cfg.kv_dtype), cfg.max_num_batched_tokens)
+    return at_clock(plan, tuning, price_usd_mwh)
+
+
+def at_clock(plan: Any, tuning: Tuning, price_usd_mwh: float | None) -> Any:
+    """`plan` at the clock share the search's clock axis prices best at `price_usd_mwh` ($/MWh; None: none
+    published, or no clock axis: `plan` as it is), as the aurelius arms reprice their reference's clock."""
     if tuning.clock is None or price_usd_mwh is None:
         return plan
     share = tuning.clock.share_at(price_usd_mwh)
@@ -122,8 +132,8 @@ def at_engine(plan: Any, tuning: Tuning, price_usd_mwh: float | None) -> Any:
 
 
 def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Physics,
-             energy_target: float | None = None, rule: str = "step", tuning: Tuning | None = None) \
-        -> dict[str, float]:
+             energy_target: float | None = None, rule: str = "step", tuning: Tuning | None = None,
+             base: str = "production") -> dict[str, float]:
     """One replay of production's plan under `guard` (at `tuning`'s engine settings when given, `at_engine`); with
     `energy_target`, the guard's target moves from its own to that one with each period's price against the fleet's
     energy break-even (`schemas.cost.energy_breakeven_usd_mwh`) by `rule` (optimizer/scale_guard.priced_target)."""
@@ -132,7 +142,8 @@ def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Phy
 
     def intercept(k: int, run: Any, plan: Any) -> Any:
         if tuning is not None:
-            plan = at_engine(plan, tuning, prices[min(k, len(prices) - 1)])
+            price = prices[min(k, len(prices) - 1)]
+            plan = at_clock(plan, tuning, price) if base == TUNED else at_engine(plan, tuning, price)
         if guard is None:
             return plan
         inputs = GuardInputs(live_replicas(run), {}, waiting(run))
@@ -142,7 +153,7 @@ def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Phy
         target = priced_target(guard.target, energy_target, share.energy_share, rule)
         return replace(guard, target=target).apply(plan, inputs)
 
-    return _replayed(wl, "production", initial, physics, intercept)
+    return _replayed(wl, base, initial, physics, intercept, tuning=tuning)
 
 
 def _replayed(wl: Workload, policy: str, initial: dict, physics: Physics, intercept: Any = None,
@@ -176,7 +187,7 @@ def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], 
     market, seed, periods, replicates, grid, year, source, rule, engine = job
     physics = Physics()
     window_start = build_workload(market, year, rule=rule, periods=1, seed=seed).window.start
-    tuning = searched(market, window_start, seed, physics) if engine == "tuned" else None
+    tuning = searched(market, window_start, seed, physics) if engine != "deployed" else None
     if source == "window":
         wl = build_workload(market, year, rule=rule, periods=periods, seed=seed)
         initial = lead_in_fleet(market, wl.window.start, default_fleet(), seed=seed, physics=physics)
@@ -195,7 +206,9 @@ def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], 
             energy, rule = setting[4:6] if setting is not None and len(setting) > 4 else (None, "step")
             rows.append({"market": label, "seed": seed, "replicate": r, "setting": setting,
                          **_figures(noisy, initial, guard, physics, energy, rule,
-                                    tuning if setting is not None else None)})  # fmt: skip
+                                    tuning if setting is not None else None,
+                                    TUNED if engine == "tuned-policy" and setting is not None
+                                    else "production")})  # fmt: skip
     return rows
 
 
@@ -271,9 +284,10 @@ def main() -> None:
                          "the fleet's energy break-even (schemas.cost.energy_breakeven_usd_mwh), by each rule")
     ap.add_argument("--energy-rules", default="step", help="comma-separated rules (optimizer/scale_guard."
                     f"ENERGY_RULES: {', '.join(ENERGY_RULES)}) by which an energy target replaces the setting's")
-    ap.add_argument("--engine", choices=("deployed", "tuned"), default="deployed",
-                    help="guard production's plan as deployed, or at the week-before search's engine settings as the "
-                         "aurelius arms do, production-tuned a reference beside it (module docstring)")
+    ap.add_argument("--engine", choices=("deployed", "tuned", "tuned-policy"), default="deployed",
+                    help="guard production's plan as deployed, at the week-before search's engine settings, or "
+                         "production-tuned's own plan as the aurelius arms do; production-tuned a reference beside the "
+                         "last two (module docstring)")
     ap.add_argument("--basis", choices=COST_BASES, default="rented", help="the cost basis the setting is chosen on")
     ap.add_argument("--slack-pp", type=float, default=0.1, help="a class may be worse than production's by (pp)")
     ap.add_argument("--jobs", type=int, default=2)

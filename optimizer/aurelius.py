@@ -618,6 +618,7 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-own-precision": {"mode": "full", "reference_precision": None},
     "aurelius-no-clock": {"mode": "full", "reference_clock": None},
     "aurelius-no-token-budget": {"mode": "full", "reference_token_budget": None},
+    "aurelius-on-production": {"mode": "full", "reference": "production"},
     "aurelius-horizon": {"mode": "full", "horizon": HorizonSpec(), "horizon_periods": HorizonSpec().periods},
     "oracle": {"mode": "full", "oracle": True},
 }

@@ -23,6 +23,13 @@ from worldmodel.state import WorldState
 #: two as the yardstick let the weaker reference's plan in (predicted better, realized worse: more chat TPOT
 #: violations, a longer drain), so the yardstick is production's plan in every market.
 DEFAULT_REFERENCE = "production"
+#: The reference the aurelius arms that take the week-before tuning guard instead, once it is measured: production-
+#: tuned at that configuration (batch cap, autoscaler target and its price rule for deferrable work included), the
+#: strongest reference on every default window since the search measured the engine settings. On 2022's default
+#: windows (another year's data) production at the tuned engine settings under the guard left chat violations 3-4
+#: pp above production-tuned's at every guard setting, the guard over production-tuned's own plan at or below them
+#: (`benchmarks/guard_fit.py --engine tuned-policy`, docs/optimizer.md "The guard over production-tuned's plan").
+TUNED_REFERENCE = "production-tuned"
 #: Further references run beside it, each period the best-predicted reference plan being the Pareto yardstick
 #: (none by default; `also_references=("production-tuned",)` restores the two-reference yardstick).
 DEFAULT_ALSO_REFERENCES: tuple[str, ...] = ()
@@ -42,7 +49,7 @@ def build_policy(
     name: str,
     workload: Any = None,
     seed: int = 0,
-    reference: str = DEFAULT_REFERENCE,
+    reference: str | None = None,
     period_s: float = 300.0,
     window_periods: int | None = None,
     world_state: WorldState | None = None,
@@ -59,8 +66,10 @@ def build_policy(
         (`AURELIUS_ARMS`).
     workload : the replay's `Workload`; needed only by `oracle` (its realized future).
     seed : workload seed, recorded with each decision.
-    reference : the Pareto reference of the aurelius arms (default the strongest measured, production); the
-        `DEFAULT_ALSO_REFERENCES` run beside it unless `also_references` is given.
+    reference : the Pareto reference of the aurelius arms; None: `TUNED_REFERENCE` at the week-before tuning for
+        the arms that take it (`tuned` given, `wants_tuning`), `DEFAULT_REFERENCE` otherwise (the Kafka worker,
+        which has no week-before search). The `DEFAULT_ALSO_REFERENCES` run beside it unless `also_references`
+        is given.
     period_s : control period (s), for the oracle's realized series.
     window_periods : periods that receive arrivals (`aurelius replay --periods`; None: the whole window).
     world_state : the Kafka worker's state, which the aurelius arms then read instead of keeping their own
@@ -85,6 +94,14 @@ def build_policy(
             kwargs.setdefault("reference_token_budget", tuned.max_num_batched_tokens)
     if clock is not None and wants_tuning(name) and "reference_clock" not in arm:
         kwargs.setdefault("reference_clock", clock)
+    fixed = arm.pop("reference", None)  # an arm that names its reference (the ablation `aurelius-on-production`)
+    if reference is None:
+        # arms that fix an engine setting of their own ablate it on production's plan, as they were measured
+        own_engine = {"reference_precision", "reference_clock", "reference_token_budget"} & arm.keys()
+        tuned_ref = tuned is not None and wants_tuning(name) and not own_engine
+        reference = fixed or (TUNED_REFERENCE if tuned_ref else DEFAULT_REFERENCE)
+    if reference == TUNED_REFERENCE and tuned is not None:
+        kwargs.setdefault("reference_policy", create(TUNED_REFERENCE, config=tuned))
     horizon = int(kwargs.get("horizon_periods", arm.get("horizon_periods", 12)))
     if arm.get("oracle"):
         if workload is None:

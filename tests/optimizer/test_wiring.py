@@ -346,6 +346,22 @@ def test_the_week_before_tuning_sets_the_reference_precision(wl: Workload) -> No
     assert build_policy("production-tuned", wl, tuned=tuned).config == tuned
 
 
+def test_the_arms_guard_production_tuned_once_the_week_before_measured_it(wl: Workload) -> None:
+    """With the tuning the aurelius arms guard production-tuned at that configuration (its batch cap, target and
+    price rule); without it (the Kafka worker), and in the arms that ablate an engine setting or name their own
+    reference, production's plan."""
+    from optimizer.baselines.tuned import StaticConfig
+
+    tuned = StaticConfig(precision="fp8", kv_dtype="fp8", max_batch=512, max_num_batched_tokens=2048)
+    pol = build_policy("aurelius", wl, tuned=tuned)
+    assert (pol.reference, pol.reference_policy.config) == ("production-tuned", tuned)
+    assert build_policy("aurelius", wl).reference == "production"
+    assert build_policy("aurelius", wl).reference_policy is None  # created at start: production
+    for arm in ("aurelius-on-production", "aurelius-no-clock", "aurelius-no-token-budget", "aurelius-own-precision"):
+        assert build_policy(arm, wl, tuned=tuned).reference == "production", arm
+    assert build_policy("aurelius", wl, tuned=tuned, reference="production").reference == "production"
+
+
 def test_the_replays_cost_basis_flag_reaches_the_arms(wl: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
     """`aurelius replay --cost-basis owned` builds every policy of the job with the owned basis (the references
     ignore it; the arms optimize it), not only the headline's."""
