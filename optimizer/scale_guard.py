@@ -28,7 +28,8 @@ each time on the plan the arms guard, against production-tuned's classes: 0.65 o
 week-before search's engine settings (`guard_fit.py --engine tuned`; 0.7 left ERCOT's chat class 2.2 pp above
 production-tuned's on its week before, and on 2022's windows no setting came within 3 pp of its chat class), then
 0.7 over production-tuned's own plan (`--engine tuned-policy`; its batch cap, target and price rule for deferrable
-work), which the arms guard since, chosen on the week before and on 2022's windows alike. The backlog term (`backlog`) was tried after CAISO's 2023
+work), which the arms guard since, chosen on the week before and on 2022's windows alike.
+The backlog term (`backlog`) was tried after CAISO's 2023
 default window (demand doubling mid-way) raised chat violations by 6.3 pp: it mends that window, but costs 2-5 pp
 of gain on the fit data, which leaves it off, and did worse on the windows replayed after it (median PJM, held-out
 2024 CAISO); it is off (docs/optimizer.md has both sets of figures).
