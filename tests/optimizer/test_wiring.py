@@ -408,7 +408,7 @@ def test_the_owned_guard_takes_the_rented_target_where_energy_outweighs_capital(
     """The owned-basis arm's guard reads each period's forecast price against the fleet's energy break-even: PJM's
     window ($338-432/MWh) lies under the default fleet's 692.8, so the committed target is the owned one moved
     towards the rented basis's by the price's share of the break-even (`priced_target`, at or above the owned
-    target, below the rented one); with the break-even put under the price the rented basis's (0.65) is, and the
+    target, below the rented one); with the break-even put under the price the rented basis's (0.7) is, and the
     record says why."""
     import optimizer.aurelius as aurelius_module
     from optimizer.scale_guard import GUARD_TARGET, GUARD_TARGET_OWNED, GuardInputs, priced_target
