@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from optimizer.fallback import Scored
 from optimizer.levers import LeverSpace
+from schemas.fleet import kv_dtype_for
 from schemas.plan import BatchAdmission, Plan, PoolPlan, Routing
 
 CAPACITY_SCALES: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
@@ -99,4 +100,4 @@ def _pool(p: PoolPlan, space: LeverSpace, level: int, batch: int, scale: float,
         keep = p.precision if p.precision in lv.precisions else lv.precisions[0]
         q = str(precision) if str(precision) in lv.precisions else keep
     return replace(p, sm_clock_mhz=lv.clocks_mhz[level], max_batch=batch, replica_floor=floor,
-                   replica_ceiling=ceiling, precision=q)
+                   replica_ceiling=ceiling, precision=q, kv_dtype=kv_dtype_for(q, p.kv_dtype))

@@ -30,7 +30,7 @@ from optimizer.levers import LeverSpace, PoolLevers, plan_key
 from optimizer.price_regime import CHEAP_PERCENTILE, EXPENSIVE_PERCENTILE, price_percentile
 from optimizer.replica_capacity import idle_power_w, kv_sequences, replica_power_w, replica_rps
 from schemas.cost import CostConfig, marginal_gpu_usd_per_h
-from schemas.fleet import GPUS_PER_NODE, FleetSpec, GpuType
+from schemas.fleet import GPUS_PER_NODE, FleetSpec, GpuType, kv_dtype_for
 from schemas.forecast import DisturbanceForecast
 from schemas.plan import BatchAdmission, Plan, PoolPlan
 from worldmodel.period_cost import market_price
@@ -277,7 +277,8 @@ def _milp_plan(
             precision = "fp8"
         else:
             precision = "bf16" if "bf16" in lv.precisions else lv.precisions[0]
-        q = replace(p, precision=precision, sm_clock_mhz=lv.clocks_mhz[min(level, len(lv.clocks_mhz) - 1)])
+        q = replace(p, precision=precision, kv_dtype=kv_dtype_for(precision, p.kv_dtype),
+                    sm_clock_mhz=lv.clocks_mhz[min(level, len(lv.clocks_mhz) - 1)])
         inp_t, out_t = _sizes(now, p.model)
         batch = _packed_batch(inp.serving, q, lv, inp_t + 0.5 * out_t) if packed else min(256, lv.max_batches[-1])
         q = replace(q, max_batch=batch)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 
-from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType
+from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType, kv_dtype_for
 from schemas.plan import BatchAdmission, Plan, PoolPlan, Routing
 from worldmodel.snapshot import pool_name
 
@@ -187,7 +187,8 @@ def neighbours(plan: Plan, space: LeverSpace, levers: tuple[str, ...],
         if "precision" in levers:
             for q in lv.precisions:
                 if q != p.precision:
-                    yield f"{name} precision {q}", set_pool(plan, p.key, precision=q)
+                    yield f"{name} precision {q}", set_pool(plan, p.key, precision=q,
+                                                            kv_dtype=kv_dtype_for(q, p.kv_dtype))
         if "capacity" in levers:
             step = max(1, round(0.25 * max(p.replica_floor, 1)))
             for d in (-step, step):

@@ -37,6 +37,16 @@ KV_DTYPES_BY_PRECISION: dict[Precision, tuple[KvCacheDtype, ...]] = {
     Precision.FP8: (KvCacheDtype.AUTO, KvCacheDtype.FP8),
 }
 
+
+def kv_dtype_for(precision: str, kv_dtype: str) -> str:
+    """`kv_dtype` where weights in `precision` run with it, else "auto" (the engine's default: the weights'
+    dtype): a plan that switches weights keeps a KV dtype the engine accepts.
+
+    >>> kv_dtype_for("fp8", "fp8"), kv_dtype_for("bf16", "fp8"), kv_dtype_for("bf16", "auto")
+    ('fp8', 'auto', 'auto')
+    """
+    return kv_dtype if kv_dtype in KV_DTYPES_BY_PRECISION[Precision(precision)] else str(KvCacheDtype.AUTO)
+
 #: SM clock range per GPU type (MHz); max is the default boost clock.
 SM_CLOCK_RANGE_MHZ: dict[GpuType, tuple[int, int]] = {GpuType.H100: (1095, 1980), GpuType.A100: (1005, 1410)}
 
