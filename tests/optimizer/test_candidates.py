@@ -40,3 +40,19 @@ def test_milp_counts_become_floors_only_as_a_prewarm():
     none = {p.key: 0 for p in REF.pools}  # nothing running: every model the MILP sizes is a pre-warm
     prewarm = [p for p in generate(inputs(current=none)) if p.label.startswith("milp")]
     assert prewarm and all(floors(a) == floors(b) for a, b in zip(prewarm, unknown, strict=False))
+
+
+def test_every_candidate_runs_weights_with_a_kv_dtype_the_engine_accepts():
+    """A reference at fp8 weights with an fp8 KV cache (production-tuned's searched configuration): the candidates
+    and the precision neighbours that switch the weights to bf16 take the KV dtype back to "auto", which the
+    ground truth accepts (bf16 with an fp8 KV cache stopped a replay)."""
+    from optimizer.baselines.tuned import with_precision
+    from optimizer.levers import neighbours
+    from schemas.fleet import KV_DTYPES_BY_PRECISION, Precision
+
+    fp8 = with_precision(REF, "fp8", "fp8")
+    inp = replace(inputs(previous=fp8), reference=fp8, space=lever_space(FLEET, fp8.pools, clock_levels=1))
+    plans = generate(inp) + [p for _, p in neighbours(fp8, inp.space, ("precision",))]
+    switched = [q for p in plans for q in p.pools if q.precision == "bf16" and q.gpu == "H100"]
+    assert switched  # some plan moves an H100 pool back to bf16 weights
+    assert all(q.kv_dtype in KV_DTYPES_BY_PRECISION[Precision(q.precision)] for p in plans for q in p.pools)
