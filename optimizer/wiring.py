@@ -1,6 +1,7 @@
 """The policy factory: `build_policy(name, workload, seed)` gives reference policies via
 `optimizer.registry.create` and the aurelius arms with their real adapters injected (`optimizer.world_adapter`,
-`optimizer.forecast_adapter`), `production` as the Pareto reference and fallback.
+`optimizer.forecast_adapter`), production-tuned at the week-before tuning as the Pareto reference and fallback
+(`production` without one).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from optimizer.world_adapter import WorldStateModel
 from schemas.policy import Policy
 from worldmodel.state import WorldState
 
-#: The Pareto reference of the aurelius arms: the strongest reference policy (DESIGN.md). Measured on the
+#: The Pareto reference of the aurelius arms without a week-before tuning (the Kafka worker; with one,
+#: `TUNED_REFERENCE`). Chosen as the strongest reference policy (DESIGN.md) before the tuning existed: measured on the
 #: default windows, 3 seeds (benchmarks/results/ruler21_default_2023_seeds012_refs_aurelius_r4margins_a5454c0.json),
 #: `production` has the best gp/$ in ERCOT and CAISO; in PJM production-tuned's mean is higher (979.5 vs 965.4)
 #: but swings from 772.4 to 1243.5 across seeds with its week-before tuning. Taking the better-predicted of the
