@@ -1,7 +1,6 @@
 """The policy factory: `build_policy(name, workload, seed)` gives reference policies via
 `optimizer.registry.create` and the aurelius arms with their real adapters injected (`optimizer.world_adapter`,
-`optimizer.forecast_adapter`), production-tuned at the week-before tuning as the Pareto reference and fallback
-(`production` without one).
+`optimizer.forecast_adapter`), `production` as the Pareto reference and fallback.
 """
 
 from __future__ import annotations
@@ -17,20 +16,19 @@ from optimizer.world_adapter import WorldStateModel
 from schemas.policy import Policy
 from worldmodel.state import WorldState
 
-#: The Pareto reference of the aurelius arms without a week-before tuning (the Kafka worker; with one,
-#: `TUNED_REFERENCE`). Chosen as the strongest reference policy (DESIGN.md) before the tuning existed: measured on the
+#: The Pareto reference of the aurelius arms: the strongest reference policy (DESIGN.md). Measured on the
 #: default windows, 3 seeds (benchmarks/results/ruler21_default_2023_seeds012_refs_aurelius_r4margins_a5454c0.json),
 #: `production` has the best gp/$ in ERCOT and CAISO; in PJM production-tuned's mean is higher (979.5 vs 965.4)
 #: but swings from 772.4 to 1243.5 across seeds with its week-before tuning. Taking the better-predicted of the
 #: two as the yardstick let the weaker reference's plan in (predicted better, realized worse: more chat TPOT
 #: violations, a longer drain), so the yardstick is production's plan in every market.
 DEFAULT_REFERENCE = "production"
-#: The reference the aurelius arms that take the week-before tuning guard instead, once it is measured: production-
-#: tuned at that configuration (batch cap, autoscaler target and its price rule for deferrable work included), the
-#: strongest reference on every default window since the search measured the engine settings. On 2022's default
-#: windows (another year's data) production at the tuned engine settings under the guard left chat violations 3-4
-#: pp above production-tuned's at every guard setting, the guard over production-tuned's own plan at or below them
-#: (`benchmarks/guard_fit.py --engine tuned-policy`, docs/optimizer.md "The guard over production-tuned's plan").
+#: The reference of the arm `aurelius-on-tuned`: production-tuned at the week-before tuning's configuration (batch
+#: cap, autoscaler target and its price rule for deferrable work included). On 2022's default windows production at
+#: the tuned engine settings under the guard left chat violations 3-4 pp above production-tuned's at every guard
+#: setting, the guard over production-tuned's own plan at or below them (`benchmarks/guard_fit.py --engine
+#: tuned-policy`); replayed on the default windows the arm broke the batch class's deadlines (docs/optimizer.md
+#: "The guard over production-tuned's plan"), so it is an arm, not the default.
 TUNED_REFERENCE = "production-tuned"
 #: Further references run beside it, each period the best-predicted reference plan being the Pareto yardstick
 #: (none by default; `also_references=("production-tuned",)` restores the two-reference yardstick).
@@ -68,10 +66,9 @@ def build_policy(
         (`AURELIUS_ARMS`).
     workload : the replay's `Workload`; needed only by `oracle` (its realized future).
     seed : workload seed, recorded with each decision.
-    reference : the Pareto reference of the aurelius arms; None: `TUNED_REFERENCE` at the week-before tuning for
-        the arms that take it (`tuned` given, `wants_tuning`), `DEFAULT_REFERENCE` otherwise (the Kafka worker,
-        which has no week-before search). The `DEFAULT_ALSO_REFERENCES` run beside it unless `also_references`
-        is given.
+    reference : the Pareto reference of the aurelius arms; None: the arm's own (`aurelius-on-tuned`:
+        `TUNED_REFERENCE`, at `tuned` where given), else `DEFAULT_REFERENCE`. The `DEFAULT_ALSO_REFERENCES` run
+        beside it unless `also_references` is given.
     period_s : control period (s), for the oracle's realized series.
     window_periods : periods that receive arrivals (`aurelius replay --periods`; None: the whole window).
     world_state : the Kafka worker's state, which the aurelius arms then read instead of keeping their own
@@ -96,12 +93,8 @@ def build_policy(
             kwargs.setdefault("reference_token_budget", tuned.max_num_batched_tokens)
     if clock is not None and wants_tuning(name) and "reference_clock" not in arm:
         kwargs.setdefault("reference_clock", clock)
-    fixed = arm.pop("reference", None)  # an arm that names its reference (the ablation `aurelius-on-production`)
-    if reference is None:
-        # arms that fix an engine setting of their own ablate it on production's plan, as they were measured
-        own_engine = {"reference_precision", "reference_clock", "reference_token_budget"} & arm.keys()
-        tuned_ref = tuned is not None and wants_tuning(name) and not own_engine
-        reference = fixed or (TUNED_REFERENCE if tuned_ref else DEFAULT_REFERENCE)
+    fixed = arm.pop("reference", None)  # an arm that names its reference (`aurelius-on-tuned`)
+    reference = reference or fixed or DEFAULT_REFERENCE
     if reference == TUNED_REFERENCE and tuned is not None:
         kwargs.setdefault("reference_policy", create(TUNED_REFERENCE, config=tuned))
     horizon = int(kwargs.get("horizon_periods", arm.get("horizon_periods", 12)))

@@ -346,21 +346,20 @@ def test_the_week_before_tuning_sets_the_reference_precision(wl: Workload) -> No
     assert build_policy("production-tuned", wl, tuned=tuned).config == tuned
 
 
-def test_the_arms_guard_production_tuned_once_the_week_before_measured_it(wl: Workload) -> None:
-    """With the tuning the aurelius arms guard production-tuned at that configuration (its batch cap, target and
-    price rule); without it (the Kafka worker), and in the arms that ablate an engine setting or name their own
-    reference, production's plan."""
+def test_the_on_tuned_arm_guards_production_tuned_at_the_week_before_tuning(wl: Workload) -> None:
+    """`aurelius-on-tuned` guards production-tuned at the tuning's configuration (its batch cap, target and price
+    rule) at the target fitted over that plan; every other arm, and the arm without a tuning, production's plan."""
     from optimizer.baselines.tuned import StaticConfig
+    from optimizer.scale_guard import GUARD_TARGET_ON_TUNED
 
     tuned = StaticConfig(precision="fp8", kv_dtype="fp8", max_batch=512, max_num_batched_tokens=2048)
-    pol = build_policy("aurelius", wl, tuned=tuned)
+    pol = build_policy("aurelius-on-tuned", wl, tuned=tuned)
     assert (pol.reference, pol.reference_policy.config) == ("production-tuned", tuned)
-    assert build_policy("aurelius", wl).reference == "production"
-    assert build_policy("aurelius", wl).reference_policy is None  # created at start: production
-    for arm in ("aurelius-on-production", "aurelius-no-clock", "aurelius-no-token-budget", "aurelius-own-precision"):
+    assert pol.guard.target_at() == GUARD_TARGET_ON_TUNED.value
+    assert build_policy("aurelius-on-tuned", wl).reference_policy is None  # no tuning: created at start
+    for arm in ("aurelius", "aurelius-no-clock", "aurelius-own-precision"):
         assert build_policy(arm, wl, tuned=tuned).reference == "production", arm
-    assert build_policy("aurelius", wl, tuned=tuned, reference="production").reference == "production"
-
+    assert build_policy("aurelius-on-tuned", wl, tuned=tuned, reference="production").reference == "production"
 
 def test_the_replays_cost_basis_flag_reaches_the_arms(wl: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
     """`aurelius replay --cost-basis owned` builds every policy of the job with the owned basis (the references
@@ -408,7 +407,7 @@ def test_the_owned_guard_takes_the_rented_target_where_energy_outweighs_capital(
     """The owned-basis arm's guard reads each period's forecast price against the fleet's energy break-even: PJM's
     window ($338-432/MWh) lies under the default fleet's 692.8, so the committed target is the owned one moved
     towards the rented basis's by the price's share of the break-even (`priced_target`, at or above the owned
-    target, below the rented one); with the break-even put under the price the rented basis's (0.7) is, and the
+    target, below the rented one); with the break-even put under the price the rented basis's (0.65) is, and the
     record says why."""
     import optimizer.aurelius as aurelius_module
     from optimizer.scale_guard import GUARD_TARGET, GUARD_TARGET_OWNED, GuardInputs, priced_target
