@@ -286,7 +286,8 @@ def test_build_policy_builds_every_arm_and_reference(wl: Workload) -> None:
     for name in AURELIUS_ARMS:
         pol = build_policy(name, wl, 3)
         assert isinstance(pol, AureliusPolicy) and pol.name == name and pol.seed == 3
-        assert pol.reference == "production" and pol.also_references == ()
+        own = AURELIUS_ARMS[name].get("reference", "production")  # aurelius-on-tuned names production-tuned
+        assert pol.reference == own and pol.also_references == ()
         assert isinstance(pol.forecast_provider, OracleForecastProvider) == (name == "oracle")
     assert build_policy("production").name == "production"
     with pytest.raises(ValueError):
