@@ -95,8 +95,8 @@ def build_policy(
         kwargs.setdefault("reference_clock", clock)
     fixed = arm.pop("reference", None)  # an arm that names its reference (`aurelius-on-tuned`)
     reference = reference or fixed or DEFAULT_REFERENCE
-    if reference == TUNED_REFERENCE and tuned is not None:
-        kwargs.setdefault("reference_policy", create(TUNED_REFERENCE, config=tuned))
+    if reference == TUNED_REFERENCE and tuned is not None:  # at the measured configuration, as the reference runs
+        kwargs.setdefault("reference_policy", build_policy(reference, tuned=tuned))
     horizon = int(kwargs.get("horizon_periods", arm.get("horizon_periods", 12)))
     if arm.get("oracle"):
         if workload is None:

@@ -25,7 +25,7 @@ from optimizer.baselines.sizing import MODEL_OF_CLASS
 from optimizer.registry import register
 from schemas.availability import market_rows
 from schemas.cost import CostConfig
-from schemas.fleet import KV_DTYPES_BY_PRECISION, PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, Precision
+from schemas.fleet import PRECISIONS_BY_GPU, SM_CLOCK_RANGE_MHZ, GpuType, Precision, kv_dtype_for
 from schemas.forecast import ClassDemand, DisturbanceForecast, Interval
 from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
@@ -170,8 +170,7 @@ def with_precision(plan: Plan, precision: str, kv_dtype: str = "auto") -> Plan:
     for p in plan.pools:
         g = GpuType(p.gpu)
         prec = Precision(precision) if precision in PRECISIONS_BY_GPU[g] else Precision.BF16
-        kv = kv_dtype if kv_dtype in KV_DTYPES_BY_PRECISION[prec] else "auto"
-        pools.append(replace(p, precision=str(prec), kv_dtype=str(kv)))
+        pools.append(replace(p, precision=str(prec), kv_dtype=kv_dtype_for(prec, kv_dtype)))
     return replace(plan, pools=tuple(pools))
 
 

@@ -362,6 +362,7 @@ def test_the_on_tuned_arm_guards_production_tuned_at_the_week_before_tuning(wl: 
         assert build_policy(arm, wl, tuned=tuned).reference == "production", arm
     assert build_policy("aurelius-on-tuned", wl, tuned=tuned, reference="production").reference == "production"
 
+
 def test_the_replays_cost_basis_flag_reaches_the_arms(wl: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
     """`aurelius replay --cost-basis owned` builds every policy of the job with the owned basis (the references
     ignore it; the arms optimize it), not only the headline's."""
