@@ -294,6 +294,20 @@ def test_released_backlog_counts_as_met_like_carried_work(world, fm):
     assert run.sla_met + run.deferred_carryover == pytest.approx(hold.sla_met + hold.deferred_carryover, rel=0.02)
 
 
+def test_a_backlog_after_arrivals_stop_runs_only_as_fast_as_the_replicas_serve_it(world, fm):
+    """After the window (no arrivals) a released deferrable backlog keeps its requests' sizes: one 70B replica
+    runs a share of 20,000 long prompts in a period and carries the rest, more replicas run more (the drain
+    once priced the backlog at size 0, and one replica "ran" any backlog)."""
+    _, snap = world
+    f = _forecast(0.0, backlog=20_000, deadlines=(7200.0,) * 5)
+    runs = []
+    for n in (1, 4, 16):
+        out = fm.evaluate(snap, _plan(n70=n, autoscale=False, batch_admission=BatchAdmission.IMMEDIATE), f)
+        runs.append({o.request_class: o for o in out.classes}["batch"].served)
+        assert runs[-1] + out.deferred_carryover == pytest.approx(20_000)
+    assert runs[0] < 0.5 * 20_000 and runs[0] < runs[1] < runs[2]
+
+
 def test_a_reload_breaks_the_interactive_requests_in_flight(world, fm):
     """With nothing offered (the drain) a plan that keeps precision violates nothing; one that reloads the 70B
     pool requeues the chat requests in flight there: they count as violated and as SLA-met lost."""
