@@ -17,7 +17,7 @@ naive. The search measures on the week before's first 15 minutes (4 draws), the 
 replicates, so production-tuned is in-sample there: a fit that must not be worse than it is a conservative one.
 With `--engine tuned-policy` the guarded plan is production-tuned's own (the searched configuration with its batch
 cap and its price rule for deferrable work, the clock repriced per period as the arms do, `at_clock`): the plan the
-arm `aurelius-on-tuned` guards (optimizer/wiring.py `TUNED_REFERENCE`).
+aurelius arms guard (optimizer/wiring.py `TUNED_REFERENCE`).
 
 Per market and setting it prints the mean rented and owned gp/$ difference against production and each class's
 violation-rate difference (pp), and the naive reference's (a static fleet, replayed on the same hours: on the owned
@@ -287,7 +287,7 @@ def main() -> None:
                     f"ENERGY_RULES: {', '.join(ENERGY_RULES)}) by which an energy target replaces the setting's")
     ap.add_argument("--engine", choices=("deployed", "tuned", "tuned-policy"), default="deployed",
                     help="guard production's plan as deployed, at the week-before search's engine settings, or "
-                         "production-tuned's own plan as aurelius-on-tuned does; production-tuned a reference "
+                         "production-tuned's own plan as the aurelius arms do; production-tuned a reference "
                          "beside the last two (module docstring)")
     ap.add_argument("--basis", choices=COST_BASES, default="rented", help="the cost basis the setting is chosen on")
     ap.add_argument("--slack-pp", type=float, default=0.1, help="a class may be worse than production's by (pp)")

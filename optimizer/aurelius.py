@@ -53,7 +53,7 @@ from optimizer.observed import ObservedState
 from optimizer.ports import ForecastProvider, WorldModelPort
 from optimizer.ramp import RampLine, ramp_lines
 from optimizer.registry import create, register
-from optimizer.scale_guard import GUARD_TARGET_ON_TUNED, GuardInputs, ScaleGuard
+from optimizer.scale_guard import GuardInputs, ScaleGuard
 from optimizer.search import LEVER_STAGES, SearchConfig, SearchResult, search
 from schemas.cost import energy_breakeven_usd_mwh, marginal_gpu_usd_per_h
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
@@ -618,8 +618,7 @@ AURELIUS_ARMS: dict[str, dict[str, Any]] = {
     "aurelius-own-precision": {"mode": "full", "reference_precision": None},
     "aurelius-no-clock": {"mode": "full", "reference_clock": None},
     "aurelius-no-token-budget": {"mode": "full", "reference_token_budget": None},
-    "aurelius-on-tuned": {"mode": "full", "reference": "production-tuned",
-                          "guard": ScaleGuard(target=GUARD_TARGET_ON_TUNED.value)},
+    "aurelius-on-production": {"mode": "full", "reference": "production"},
     "aurelius-horizon": {"mode": "full", "horizon": HorizonSpec(), "horizon_periods": HorizonSpec().periods},
     "oracle": {"mode": "full", "oracle": True},
 }

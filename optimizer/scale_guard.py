@@ -23,10 +23,14 @@ never lowered.
 
 The constants were chosen on the week-before hours (the data production-tuned tunes on; never the replayed
 windows) and on 2022's windows: `benchmarks/guard_fit.py`, recorded in benchmarks/results/ (docs/optimizer.md
-gives the table). The rented target was refitted (0.7 -> 0.65) once the arms ran their reference at the week-before
-search's engine settings and production-tuned had become the strongest reference: the same rule, on the plan the
-arms guard (`guard_fit.py --engine tuned`), against production-tuned's classes, where 0.7 leaves ERCOT's chat class
-2.2 pp above production-tuned's on its week before. The backlog term (`backlog`) was tried after CAISO's 2023
+gives the table). The rented target was refitted once production-tuned had become the strongest reference, each
+time on the plan the arms guard, against production-tuned's classes: 0.65 over production's plan at the
+week-before search's engine settings (`guard_fit.py --engine tuned`; 0.7 left ERCOT's chat class 2.2 pp above
+production-tuned's on its week before, and on 2022's windows no setting came within 3 pp of its chat class:
+`GUARD_TARGET_ON_PRODUCTION`, the arm `aurelius-on-production`), and 0.7 over production-tuned's own plan
+(`--engine tuned-policy`: its batch cap, target and price rule for deferrable work; on the week before and on
+2022's windows alike, and ahead of the guard over production's plan on both), the plan the arms guard since
+(optimizer/wiring.py `TUNED_REFERENCE`). The backlog term (`backlog`) was tried after CAISO's 2023
 default window (demand doubling mid-way) raised chat violations by 6.3 pp: it mends that window, but costs 2-5 pp
 of gain on the fit data, which leaves it off, and did worse on the windows replayed after it (median PJM, held-out
 2024 CAISO); it is off (docs/optimizer.md has both sets of figures).
@@ -71,12 +75,14 @@ _FIT_OWNED = _FIT + (" on the owned basis below the energy break-even (--basis o
 GUARD_STEP = Tagged(1.0, "replicas/period", Provenance.MODELED, _FIT)
 #: The ceiling's growth factor on the live count (ratio; the ceiling is the larger of live + step and this).
 GUARD_GROWTH = Tagged(1.0, "ratio", Provenance.MODELED, _FIT)
-#: The autoscaler's utilization target under the guard (ratio), chosen on the rented basis, the plan at the
-#: week-before search's engine settings (`guard_fit.py --engine tuned`; 0.7 at the deployed engine settings).
-GUARD_TARGET = Tagged(0.65, "ratio", Provenance.MODELED, _FIT + " --engine tuned")
-#: The target the same fit chooses over production-tuned's own plan (`guard_fit.py --engine tuned-policy`, on the
-#: week before and on 2022's windows alike): the guard of the arm `aurelius-on-tuned` (ratio).
-GUARD_TARGET_ON_TUNED = Tagged(0.7, "ratio", Provenance.MODELED, _FIT + " --engine tuned-policy")
+#: The autoscaler's utilization target under the guard (ratio), chosen on the rented basis over the plan the arms
+#: guard, production-tuned's at the week-before search's configuration (`guard_fit.py --engine tuned-policy`, on the
+#: week before and on 2022's windows alike; 0.7 too over production's plan at the deployed engine settings, the
+#: Kafka worker's, which has no week-before search).
+GUARD_TARGET = Tagged(0.7, "ratio", Provenance.MODELED, _FIT + " --engine tuned-policy")
+#: The target the fit chooses over production's plan at the week-before search's engine settings (`guard_fit.py
+#: --engine tuned`): the arms that guard that plan (`aurelius-on-production`, the engine ablations) (ratio).
+GUARD_TARGET_ON_PRODUCTION = Tagged(0.65, "ratio", Provenance.MODELED, _FIT + " --engine tuned")
 #: The same, chosen on the owned basis (capacity held costs only its energy; `guard_fit.py --basis owned`).
 GUARD_TARGET_OWNED = Tagged(0.2, "ratio", Provenance.MODELED, _FIT_OWNED)
 #: The guard's target per cost basis (schemas/cost.py `COST_BASES`).
@@ -155,16 +161,21 @@ class GuardInputs:
 class ScaleGuard:
     """The guard's settings. step : replicas a pool may add per period (count); growth : ceiling factor on the
     live count (ratio); target : the autoscaler's utilization target (ratio; None: the one fitted on
-    `cost_basis`, `GUARD_TARGETS`); backlog : let a backlog that outlasted the last minute reach what the
-    runtime's backlog trigger asks for it (off: the fit leaves it off, and the windows replayed after it was tried
-    did better without it; module docstring); cost_basis : the operator's ("rented" or "owned"; the policy sets
-    it).
+    `cost_basis`, `GUARD_TARGETS`); rented_target : the rented basis's fitted target over the plan the arm
+    guards (ratio; `GUARD_TARGET`, or `GUARD_TARGET_ON_PRODUCTION` over production's plan at the tuned engine
+    settings), which the owned basis also takes from the energy break-even on; backlog : let a backlog that
+    outlasted the last minute reach what the runtime's backlog trigger asks for it (off: the fit leaves it off,
+    and the windows replayed after it was tried did better without it; module docstring); cost_basis : the
+    operator's ("rented" or "owned"; the policy sets it).
 
     >>> owned = ScaleGuard(cost_basis="owned")
     >>> cheap, spike = GuardInputs(price_usd_mwh=30.0, breakeven_usd_mwh=700.0), GuardInputs(price_usd_mwh=4000.0,
     ...                                                                                    breakeven_usd_mwh=700.0)
-    >>> ScaleGuard().target_at(cheap), round(owned.target_at(cheap), 4), owned.target_at(spike)  # 0.2 + 0.45 x 30/700
-    (0.65, 0.2193, 0.65)
+    >>> ScaleGuard().target_at(cheap), round(owned.target_at(cheap), 4), owned.target_at(spike)  # 0.2 + 0.5 x 30/700
+    (0.7, 0.2214, 0.7)
+    >>> on_production = ScaleGuard(rented_target=0.65)
+    >>> on_production.target_at(cheap), replace(on_production, cost_basis="owned").target_at(spike)
+    (0.65, 0.65)
     >>> ScaleGuard(target=0.8, cost_basis="owned").target_at(cheap)
     0.8
     """
@@ -172,6 +183,7 @@ class ScaleGuard:
     step: int = int(GUARD_STEP.value)
     growth: float = GUARD_GROWTH.value
     target: float | None = None
+    rented_target: float = GUARD_TARGET.value
     backlog: bool = False
     trend: bool = True
     ramp: bool = True
@@ -184,13 +196,13 @@ class ScaleGuard:
     def target_at(self, inputs: GuardInputs | None = None) -> float:
         """The autoscaler's target the guard sets (ratio): `target` when given; else the one fitted on the cost
         basis, the owned one moved towards the rented basis's by the period's energy share (`priced_target`,
-        `GUARD_ENERGY_RULE`)."""
+        `GUARD_ENERGY_RULE`) towards `rented_target`."""
         if self.target is not None:
             return self.target
         if self.cost_basis == "rented":
-            return GUARD_TARGET.value
+            return self.rented_target
         share = inputs.energy_share if inputs is not None else None
-        return priced_target(GUARD_TARGETS[self.cost_basis].value, GUARD_TARGET.value, share)
+        return priced_target(GUARD_TARGETS[self.cost_basis].value, self.rented_target, share)
 
     def demand(self, f: DisturbanceForecast, previous: DisturbanceForecast | None = None,
                ramps: Mapping[tuple[str, str], RampLine] | None = None) -> DisturbanceForecast:
@@ -287,5 +299,6 @@ class ScaleGuard:
 
     def as_dict(self) -> dict[str, float | bool | str | None]:
         """The settings, as the audit record carries them (`target` None: the fitted one, `target_at`)."""
-        return {"step": self.step, "growth": self.growth, "target": self.target, "backlog": self.backlog,
+        return {"step": self.step, "growth": self.growth, "target": self.target,
+                "rented_target": self.rented_target, "backlog": self.backlog,
                 "trend": self.trend, "ramp": self.ramp, "cost_basis": self.cost_basis}

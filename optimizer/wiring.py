@@ -1,10 +1,12 @@
 """The policy factory: `build_policy(name, workload, seed)` gives reference policies via
 `optimizer.registry.create` and the aurelius arms with their real adapters injected (`optimizer.world_adapter`,
-`optimizer.forecast_adapter`), `production` as the Pareto reference and fallback.
+`optimizer.forecast_adapter`), production-tuned at the week-before tuning (else production) as the Pareto
+reference and fallback.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from optimizer.aurelius import AURELIUS_ARMS, AureliusPolicy
@@ -12,23 +14,26 @@ from optimizer.baselines.tuned import StaticConfig
 from optimizer.clock_price import ClockPrices
 from optimizer.forecast_adapter import ForecastingProvider, OracleForecastProvider
 from optimizer.registry import create
+from optimizer.scale_guard import GUARD_TARGET_ON_PRODUCTION, ScaleGuard
 from optimizer.world_adapter import WorldStateModel
 from schemas.policy import Policy
 from worldmodel.state import WorldState
 
-#: The Pareto reference of the aurelius arms: the strongest reference policy (DESIGN.md). Measured on the
-#: default windows, 3 seeds (benchmarks/results/ruler21_default_2023_seeds012_refs_aurelius_r4margins_a5454c0.json),
-#: `production` has the best gp/$ in ERCOT and CAISO; in PJM production-tuned's mean is higher (979.5 vs 965.4)
-#: but swings from 772.4 to 1243.5 across seeds with its week-before tuning. Taking the better-predicted of the
-#: two as the yardstick let the weaker reference's plan in (predicted better, realized worse: more chat TPOT
-#: violations, a longer drain), so the yardstick is production's plan in every market.
+#: The Pareto reference of the aurelius arms without a week-before tuning (the Kafka worker, `aurelius-own-precision`)
+#: and of the arms that fix an engine setting of their own: production's plan. Measured on the default windows, 3
+#: seeds (benchmarks/results/ruler21_default_2023_seeds012_refs_aurelius_r4margins_a5454c0.json), taking the
+#: better-predicted of production and production-tuned as the yardstick let the weaker reference's plan in
+#: (predicted better, realized worse), so one plan is the yardstick.
 DEFAULT_REFERENCE = "production"
-#: The reference of the arm `aurelius-on-tuned`: production-tuned at the week-before tuning's configuration (batch
-#: cap, autoscaler target and its price rule for deferrable work included). On 2022's default windows production at
-#: the tuned engine settings under the guard left chat violations 3-4 pp above production-tuned's at every guard
-#: setting, the guard over production-tuned's own plan at or below them (`benchmarks/guard_fit.py --engine
-#: tuned-policy`); replayed on the default windows the arm broke the batch class's deadlines (docs/optimizer.md
-#: "The guard over production-tuned's plan"), so it is an arm, not the default.
+#: The reference of the aurelius arms once the week before has been measured: production-tuned at that tuning's
+#: configuration (batch cap, autoscaler target and its price rule for deferrable work included), the strongest
+#: reference on every default window since the search measured the engine settings. The guard over it was chosen
+#: on the week before and on 2022's windows, where it beat the guard over production's plan at the tuned engine
+#: settings (`benchmarks/guard_fit.py --engine tuned-policy` against `--engine tuned`; on 2022's windows the
+#: latter left chat violations 3-4 pp above production-tuned's at every setting). It first broke the batch class's
+#: deadlines on the default windows: the forward model then priced a held backlog at size 0 after arrivals stop
+#: (worldmodel/demand.py), so the planner released the fleet under it (docs/optimizer.md "The guard over
+#: production-tuned's plan").
 TUNED_REFERENCE = "production-tuned"
 #: Further references run beside it, each period the best-predicted reference plan being the Pareto yardstick
 #: (none by default; `also_references=("production-tuned",)` restores the two-reference yardstick).
@@ -66,8 +71,10 @@ def build_policy(
         (`AURELIUS_ARMS`).
     workload : the replay's `Workload`; needed only by `oracle` (its realized future).
     seed : workload seed, recorded with each decision.
-    reference : the Pareto reference of the aurelius arms; None: the arm's own (`aurelius-on-tuned`:
-        `TUNED_REFERENCE`, at `tuned` where given), else `DEFAULT_REFERENCE`. The `DEFAULT_ALSO_REFERENCES` run
+    reference : the Pareto reference of the aurelius arms; None: the arm's own (`aurelius-on-production`:
+        production), else `TUNED_REFERENCE` at `tuned` where given and the arm fixes no engine setting of its own,
+        else `DEFAULT_REFERENCE`. Over production's plan at the tuned engine settings the guard runs the target
+        fitted over that plan (`GUARD_TARGET_ON_PRODUCTION`). The `DEFAULT_ALSO_REFERENCES` run
         beside it unless `also_references` is given.
     period_s : control period (s), for the oracle's realized series.
     window_periods : periods that receive arrivals (`aurelius replay --periods`; None: the whole window).
@@ -93,10 +100,17 @@ def build_policy(
             kwargs.setdefault("reference_token_budget", tuned.max_num_batched_tokens)
     if clock is not None and wants_tuning(name) and "reference_clock" not in arm:
         kwargs.setdefault("reference_clock", clock)
-    fixed = arm.pop("reference", None)  # an arm that names its reference (`aurelius-on-tuned`)
-    reference = reference or fixed or DEFAULT_REFERENCE
+    fixed = arm.pop("reference", None)  # an arm that names its reference (`aurelius-on-production`)
+    if reference is None:
+        # arms that fix an engine setting of their own ablate it on production's plan, as they were measured
+        own_engine = {"reference_precision", "reference_clock", "reference_token_budget"} & arm.keys()
+        tuned_ref = tuned is not None and wants_tuning(name) and not own_engine
+        reference = fixed or (TUNED_REFERENCE if tuned_ref else DEFAULT_REFERENCE)
     if reference == TUNED_REFERENCE and tuned is not None:  # at the measured configuration, as the reference runs
         kwargs.setdefault("reference_policy", build_policy(reference, tuned=tuned))
+    guard = kwargs.get("guard", arm.get("guard", ScaleGuard()))
+    if reference != TUNED_REFERENCE and tuned is not None and wants_tuning(name) and guard is not None:
+        kwargs["guard"] = replace(guard, rented_target=GUARD_TARGET_ON_PRODUCTION.value)
     horizon = int(kwargs.get("horizon_periods", arm.get("horizon_periods", 12)))
     if arm.get("oracle"):
         if workload is None:

@@ -286,7 +286,7 @@ def test_build_policy_builds_every_arm_and_reference(wl: Workload) -> None:
     for name in AURELIUS_ARMS:
         pol = build_policy(name, wl, 3)
         assert isinstance(pol, AureliusPolicy) and pol.name == name and pol.seed == 3
-        own = AURELIUS_ARMS[name].get("reference", "production")  # aurelius-on-tuned names production-tuned
+        own = AURELIUS_ARMS[name].get("reference", "production")  # without a tuning: production's plan
         assert pol.reference == own and pol.also_references == ()
         assert isinstance(pol.forecast_provider, OracleForecastProvider) == (name == "oracle")
     assert build_policy("production").name == "production"
@@ -347,20 +347,27 @@ def test_the_week_before_tuning_sets_the_reference_precision(wl: Workload) -> No
     assert build_policy("production-tuned", wl, tuned=tuned).config == tuned
 
 
-def test_the_on_tuned_arm_guards_production_tuned_at_the_week_before_tuning(wl: Workload) -> None:
-    """`aurelius-on-tuned` guards production-tuned at the tuning's configuration (its batch cap, target and price
-    rule) at the target fitted over that plan; every other arm, and the arm without a tuning, production's plan."""
+def test_the_arms_guard_production_tuned_once_the_week_before_measured_it(wl: Workload) -> None:
+    """With the tuning the aurelius arms guard production-tuned at that configuration (its batch cap, target and
+    price rule) at the target fitted over that plan; without it (the Kafka worker), and in the arms that ablate an
+    engine setting or name production, production's plan, at the target fitted over that plan at the tuned engine
+    settings where the tuning sets them."""
     from optimizer.baselines.tuned import StaticConfig
-    from optimizer.scale_guard import GUARD_TARGET_ON_TUNED
+    from optimizer.scale_guard import GUARD_TARGET, GUARD_TARGET_ON_PRODUCTION
 
     tuned = StaticConfig(precision="fp8", kv_dtype="fp8", max_batch=512, max_num_batched_tokens=2048)
-    pol = build_policy("aurelius-on-tuned", wl, tuned=tuned)
+    pol = build_policy("aurelius", wl, tuned=tuned)
     assert (pol.reference, pol.reference_policy.config) == ("production-tuned", tuned)
-    assert pol.guard.target_at() == GUARD_TARGET_ON_TUNED.value
-    assert build_policy("aurelius-on-tuned", wl).reference_policy is None  # no tuning: created at start
-    for arm in ("aurelius", "aurelius-no-clock", "aurelius-own-precision"):
-        assert build_policy(arm, wl, tuned=tuned).reference == "production", arm
-    assert build_policy("aurelius-on-tuned", wl, tuned=tuned, reference="production").reference == "production"
+    assert pol.guard.target_at() == GUARD_TARGET.value
+    untuned = build_policy("aurelius", wl)
+    assert (untuned.reference, untuned.reference_policy, untuned.guard.target_at()) == (
+        "production", None, GUARD_TARGET.value)  # no tuning: production created at start, deployed engine
+    for arm in ("aurelius-on-production", "aurelius-no-clock", "aurelius-no-token-budget"):
+        pol = build_policy(arm, wl, tuned=tuned)
+        assert (pol.reference, pol.guard.target_at()) == ("production", GUARD_TARGET_ON_PRODUCTION.value), arm
+    assert build_policy("aurelius-own-precision", wl, tuned=tuned).reference == "production"
+    assert build_policy("aurelius-no-guard", wl, tuned=tuned).guard is None
+    assert build_policy("aurelius", wl, tuned=tuned, reference="production").reference == "production"
 
 
 def test_the_replays_cost_basis_flag_reaches_the_arms(wl: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -409,7 +416,7 @@ def test_the_owned_guard_takes_the_rented_target_where_energy_outweighs_capital(
     """The owned-basis arm's guard reads each period's forecast price against the fleet's energy break-even: PJM's
     window ($338-432/MWh) lies under the default fleet's 692.8, so the committed target is the owned one moved
     towards the rented basis's by the price's share of the break-even (`priced_target`, at or above the owned
-    target, below the rented one); with the break-even put under the price the rented basis's (0.65) is, and the
+    target, below the rented one); with the break-even put under the price the rented basis's (0.7) is, and the
     record says why."""
     import optimizer.aurelius as aurelius_module
     from optimizer.scale_guard import GUARD_TARGET, GUARD_TARGET_OWNED, GuardInputs, priced_target
