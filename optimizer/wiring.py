@@ -33,7 +33,11 @@ DEFAULT_REFERENCE = "production"
 #: latter left chat violations 3-4 pp above production-tuned's at every setting). It first broke the batch class's
 #: deadlines on the default windows: the forward model then priced a held backlog at size 0 after arrivals stop
 #: (worldmodel/demand.py), so the planner released the fleet under it (docs/optimizer.md "The guard over
-#: production-tuned's plan").
+#: production-tuned's plan"). On the rented basis only: on the owned basis, where the whole fleet is paid for until the
+#: drain ends, its price rule's hold lengthens the drain, and production is the strongest owned reference in PJM and
+#: CAISO (889.7 against 1399.6 owned gp/$ in PJM); guarding its plan there made 931.0 / 505.1 / 912.7 owned against
+#: 1534.4 / 567.9 / 1328.6 over production's (`default_2023_seeds012_refs_aurelius_owned_on_tuned_e2c31a7.json`), and
+#: the owned guard's target was fitted over production's plan.
 TUNED_REFERENCE = "production-tuned"
 #: Further references run beside it, each period the best-predicted reference plan being the Pareto yardstick
 #: (none by default; `also_references=("production-tuned",)` restores the two-reference yardstick).
@@ -73,8 +77,8 @@ def build_policy(
     seed : workload seed, recorded with each decision.
     reference : the Pareto reference of the aurelius arms; None: the arm's own (`aurelius-on-production`:
         production), else `TUNED_REFERENCE` at `tuned` where given and the arm fixes no engine setting of its own,
-        else `DEFAULT_REFERENCE`. Over production's plan at the tuned engine settings the guard runs the target
-        fitted over that plan (`GUARD_TARGET_ON_PRODUCTION`). The `DEFAULT_ALSO_REFERENCES` run
+        else `DEFAULT_REFERENCE` (on the owned basis too). Over production's plan at the tuned engine settings the
+        guard runs the target fitted over that plan (`GUARD_TARGET_ON_PRODUCTION`). The `DEFAULT_ALSO_REFERENCES` run
         beside it unless `also_references` is given.
     period_s : control period (s), for the oracle's realized series.
     window_periods : periods that receive arrivals (`aurelius replay --periods`; None: the whole window).
@@ -102,9 +106,10 @@ def build_policy(
         kwargs.setdefault("reference_clock", clock)
     fixed = arm.pop("reference", None)  # an arm that names its reference (`aurelius-on-production`)
     if reference is None:
-        # arms that fix an engine setting of their own ablate it on production's plan, as they were measured
+        # arms that fix an engine setting of their own ablate it on production's plan, as they were measured; the
+        # owned basis guards production's plan too (`TUNED_REFERENCE`: its hold lengthens the drain it pays for)
         own_engine = {"reference_precision", "reference_clock", "reference_token_budget"} & arm.keys()
-        tuned_ref = tuned is not None and wants_tuning(name) and not own_engine
+        tuned_ref = tuned is not None and wants_tuning(name) and not own_engine and cost_basis == "rented"
         reference = fixed or (TUNED_REFERENCE if tuned_ref else DEFAULT_REFERENCE)
     if reference == TUNED_REFERENCE and tuned is not None:  # at the measured configuration, as the reference runs
         kwargs.setdefault("reference_policy", build_policy(reference, tuned=tuned))

@@ -350,8 +350,8 @@ def test_the_week_before_tuning_sets_the_reference_precision(wl: Workload) -> No
 def test_the_arms_guard_production_tuned_once_the_week_before_measured_it(wl: Workload) -> None:
     """With the tuning the aurelius arms guard production-tuned at that configuration (its batch cap, target and
     price rule) at the target fitted over that plan; without it (the Kafka worker), and in the arms that ablate an
-    engine setting or name production, production's plan, at the target fitted over that plan at the tuned engine
-    settings where the tuning sets them."""
+    engine setting or name production, and on the owned basis, production's plan, at the target fitted over that
+    plan at the tuned engine settings where the tuning sets them."""
     from optimizer.baselines.tuned import StaticConfig
     from optimizer.scale_guard import GUARD_TARGET, GUARD_TARGET_ON_PRODUCTION
 
@@ -368,6 +368,8 @@ def test_the_arms_guard_production_tuned_once_the_week_before_measured_it(wl: Wo
     assert build_policy("aurelius-own-precision", wl, tuned=tuned).reference == "production"
     assert build_policy("aurelius-no-guard", wl, tuned=tuned).guard is None
     assert build_policy("aurelius", wl, tuned=tuned, reference="production").reference == "production"
+    owned = build_policy("aurelius", wl, tuned=tuned, cost_basis="owned")  # the hold lengthens the drain it pays
+    assert (owned.reference, owned.guard.rented_target) == ("production", GUARD_TARGET_ON_PRODUCTION.value)
 
 
 def test_the_replays_cost_basis_flag_reaches_the_arms(wl: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
