@@ -56,10 +56,10 @@ def model_load(
             running = sum(p.running * p.warm for p in snap.pools if p.model == d.model)
             q0 += max((queue.outstanding if queue else 0) - running, 0.0)
     if lam_b <= 0.0 and batch_backlog <= 0.0:
-        return _load(lam_i, q0, inter, []), (0.0, 0.0, 0.0)
+        return _load(q0, inter, []), (0.0, 0.0, 0.0)
     waiting = lam_b * T + batch_backlog
     urgent = _urgent_share(deadlines, T) * batch_backlog
-    offered = _load(lam_i, q0, inter, deferred)  # every waiting request's sizes: what the ceiling could serve
+    offered = _load(q0, inter, deferred)  # every waiting request's sizes: what the ceiling could serve
     mu_ceiling = sum(mu_replica(sm, p, offered) * p.plan.replica_ceiling for p in pools)
     spare = max(plan.autoscale_target * mu_ceiling - lam_i, 0.0) * T
     if plan.batch_admission == BatchAdmission.IMMEDIATE:
@@ -74,18 +74,20 @@ def model_load(
         batch_backlog / max(len(deadlines), 1)
     )
     share = released / waiting if waiting > 0.0 else 0.0
-    load = _load(lam_i, q0, inter, [(w * share, *sizes) for w, *sizes in deferred])
+    load = _load(q0, inter, [(w * share, *sizes) for w, *sizes in deferred])
     load.lam_b = released / T
     return load, (released, waiting - released, missed)
 
 
-def _load(lam_i: float, q0: float, inter: list[tuple[float, float, float, float]],
+def _load(q0: float, inter: list[tuple[float, float, float, float]],
           deferred: list[tuple[float, float, float, float]]) -> Load:
-    """The interactive load (`lam_i` req/s, backlog `q0` req) with mean sizes (tokens) and size CV weighted by
-    each class's rate, `inter` and `deferred` as (rate req/s, uncached prompt, output, CV); lam_b left 0."""
+    """The interactive load (the `inter` classes' rates, req/s; backlog `q0` req) with mean sizes (tokens) and size
+    CV weighted by each class's rate, `inter` and `deferred` as (rate req/s, uncached prompt, output, CV); lam_b
+    left 0."""
     every = inter + deferred
+    lam_i = sum(w for w, *_ in inter)
     total = max(sum(w for w, *_ in every), 1e-12)
-    li = max(sum(w for w, *_ in inter), 1e-12)
+    li = max(lam_i, 1e-12)
 
     def mean(rows: list[tuple[float, float, float, float]], k: int, norm: float) -> float:
         return sum(r[0] * r[k] for r in rows) / norm
