@@ -8,8 +8,15 @@ that length at the block's middle forecast. Between steps the snapshot advances 
   and ceiling, its scale-down held by the 300 s stabilization, new replicas loading for the cold start), all
   warm at the next step's start, and the plan's precision, clock and batch cap are in force (a precision
   change reloads once, in the first step, never again);
-- the deferrable backlog becomes the step's carried work, its deadlines moved on by the step's length; the
-  interactive queues start empty (what the step could not serve it counted as violations);
+- the deferrable backlog becomes the step's carried work, carried on the next step's forecast (it used to
+  ride on the snapshot's queue and vanished when the snapshot had none); its deadline sample keeps the latest
+  share the runtime's earliest-deadline-first order leaves, moved on by the step's length (new arrivals carried
+  have deadlines beyond the sample); the interactive queues start empty (what the step could not serve it
+  counted as violations);
+- once the carried work is done and no later period of the forecast has arrivals (the replay's drain), the
+  rollout ends: the fleet's bill ends with the work, as the ground truth's does. Before, the fleet stayed on the
+  bill for the rest of the 3 h horizon with nothing to serve, so the plan with the fewest replicas won every
+  drain decision and ran the held work late (the ablation's batch class 40-45 % late at 31b4ba3);
 - the published price of each step stays as the forecast carries it (day-ahead prices once published, the
   price forecast with its interval where not).
 
@@ -79,16 +86,45 @@ def advance(snap: FleetSnapshot, plan: Plan, out: PredictedOutcome, period_s: fl
             running=prev.running if prev else 0.0, waiting=0.0,
             clock_eff_mhz=prev.clock_eff_mhz if prev else 0.0,
         ))  # fmt: skip
-    queues = []
+    queues = []  # the deferrable work the step carried rides on the next step's forecast (`rollout`)
     for q in snap.queues:
         if q.request_class in deferrable:
-            left = tuple(d - period_s for d in q.deadlines_s)
-            queues.append(replace(q, outstanding=round(out.deferred_carryover), deadlines_s=left, oldest_wait_s=0.0))
+            queues.append(replace(q, outstanding=round(out.deferred_carryover), deadlines_s=(), oldest_wait_s=0.0))
         else:
             queues.append(replace(q, outstanding=0, oldest_wait_s=0.0))
     return replace(snap, as_of=snap.as_of + timedelta(seconds=period_s), pools=tuple(pools), queues=tuple(queues),
                    floors={p.key: p.replica_floor for p in plan.pools},
                    engine_args={p.key: (p.kv_dtype, p.max_num_batched_tokens) for p in plan.pools})  # fmt: skip
+
+
+def _carried_deadlines(deadlines_s: tuple[float, ...], waiting: float, arrived: float, carried: float,
+                       period_s: float) -> tuple[float, ...]:
+    """The deadline sample (s from the step's end) of the deferrable work a step of `period_s` s carried: of the
+    `waiting` requests it started with (their deadlines sampled by `deadlines_s`) and the `arrived` ones, the runtime
+    serves the earliest deadlines first (EDF), so what is carried is the newest arrivals (deadlines beyond the
+    sample: none listed) and the latest share of the waiting work.
+
+    >>> _carried_deadlines((600.0, 1200.0, 3600.0, 7200.0), 400, 0, 200, 300.0)
+    (3300.0, 6900.0)
+    >>> _carried_deadlines((600.0, 7200.0), 400, 100, 500, 300.0), _carried_deadlines((600.0,), 400, 0, 0.2, 300.0)
+    ((300.0, 6900.0), ())
+    >>> _carried_deadlines((600.0, 7200.0), 400, 300, 300, 300.0)  # only new arrivals carried
+    ()
+    """
+    left = min(carried - arrived, waiting)  # waiting requests still carried (count)
+    if not deadlines_s or left < 0.5:
+        return ()
+    kept = sorted(deadlines_s)[-max(round(len(deadlines_s) * left / max(waiting, 1.0)), 1):]
+    return tuple(d - period_s for d in kept)
+
+
+def _waiting(snap: FleetSnapshot, f: DisturbanceForecast,
+             deferrable: frozenset[str]) -> tuple[float, tuple[float, ...]]:
+    """Deferrable requests waiting at the horizon's start (count) and their deadline sample (s), as the forward
+    model reads them: the forecast's, else the snapshot's queue."""
+    q = next((q for q in snap.queues if q.request_class in deferrable), None)
+    return (float(f.deferred_backlog_requests or (q.outstanding if q else 0)),
+            f.deferred_deadlines_s or (q.deadlines_s if q else ()))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -113,14 +149,18 @@ def rollout(evaluate: Evaluate, snap: FleetSnapshot, plan: Plan, forecasts: Sequ
     first (default `evaluate`; the policy passes the point scenario alone there, 4x cheaper)."""
     outs: list[tuple[int, int, PredictedOutcome]] = []
     s = snap
+    waiting, deadlines = _waiting(snap, forecasts[0], deferrable) if forecasts else (0.0, ())
     for i, n in steps(len(forecasts), spec):
         f = forecasts[i] if n == 1 else _block_forecast(forecasts, i, n)
         if outs:  # the carried deferrable work, as the previous step left it
-            q = next((q for q in s.queues if q.request_class in deferrable), None)
-            f = replace(f, deferred_backlog_requests=q.outstanding if q else 0,
-                        deferred_deadlines_s=q.deadlines_s if q else ())  # fmt: skip
+            f = replace(f, deferred_backlog_requests=round(waiting), deferred_deadlines_s=deadlines)
         o = (evaluate if not outs or later is None else later)(s, plan, f)
         outs.append((i, n, o))
+        arrived = sum(c.offered for c in o.classes if c.request_class in deferrable)
+        deadlines = _carried_deadlines(deadlines, waiting, arrived, o.deferred_carryover, f.period_s)
+        waiting = o.deferred_carryover
+        if o.deferred_carryover < 0.5 and all(g.drain for g in forecasts[i + n:spec.periods]):
+            break  # the work is done and no more arrives: the drain ends, and the fleet's bill with it
         s = advance(s, plan, o, f.period_s, deferrable)
     return Horizon(tuple(outs), total([o for _, _, o in outs]))
 

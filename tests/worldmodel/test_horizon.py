@@ -23,7 +23,7 @@ from streams.workload.builder import build_workload
 from tests.worldmodel.test_forward import _forecast, _plan
 from tests.worldmodel.test_forward import world as world  # noqa: F401 - the fixture
 from worldmodel.forward import ForwardModel
-from worldmodel.horizon import HorizonSpec, rollout
+from worldmodel.horizon import HorizonSpec, rollout, steps
 from worldmodel.servingmodel import ServingModel
 
 
@@ -52,6 +52,25 @@ def test_a_release_predicted_over_the_horizon(world) -> None:  # noqa: ANN001, F
     assert h_rel.total.gpu_hours < h_hold.total.gpu_hours
     assert h_rel.total.cost_usd < h_hold.total.cost_usd
     assert h_rel.total.gp_per_dollar > h_hold.total.gp_per_dollar
+
+
+def test_the_horizon_ends_with_the_drain(world) -> None:  # noqa: ANN001, F811
+    """After the window (no arrivals forecast) the rollout stops once the held work is served: the fleet's bill
+    ends with the work, as the replay's does, so a plan that drains slowly is not scored against a fast one's
+    idle hours."""
+    _, snap = world
+    fm = ForwardModel(ServingModel(), CostConfig())
+    deadlines = tuple(3600.0 + 360.0 * k for k in range(20))  # 1-3 h
+    drain = tuple(replace(_forecast(scale=0.0, backlog=20000 if k == 0 else 0, deadlines=deadlines if k == 0 else ()),
+                          period_start=snap.as_of + timedelta(minutes=5 * k)) for k in range(36))  # fmt: skip
+    hold, release = _hold_and_release(_plan(n70=4, n8=4), 4)
+    spec = HorizonSpec()
+    h_hold = rollout(fm.evaluate, snap, hold, drain, spec)
+    h_rel = rollout(fm.evaluate, snap, release, drain, spec)
+    assert h_hold.steps[-1][2].deferred_carryover < 0.5
+    assert len(h_hold.steps) < len(h_rel.steps) <= len(steps(36, spec))
+    assert h_hold.total.gpu_hours == pytest.approx(sum(o.gpu_hours for _, _, o in h_hold.steps))
+    assert h_hold.total.gpu_hours < 8 * 4 * 5 * 36 / 60  # not the held fleet over the whole 3 h
 
 
 class _Fixed(Policy):
