@@ -418,19 +418,20 @@ class AureliusPolicy(Policy):
         serving = self.world_model.serving()
         in_force = self._previous if self.floor_release else None
         one_period = self.world_model.evaluator(as_of, forecasts[0], in_force, self._previous)
+        schedule = None
+        if self.mode in ("full", "fixed-grid"):
+            schedule = plan_deferral(forecasts, self._previous, serving, self._observed.slack_quantiles(),
+                                     risk_aversion=self.risk_aversion, gpu_usd_per_gpu_h=self._gpu_usd_per_gpu_h)
         paths: dict[tuple[object, ...], Horizon] = {}
         if self.horizon is not None:
-            along = self.world_model.horizon(as_of, forecasts, self.horizon, in_force, self._previous)
+            along = self.world_model.horizon(as_of, forecasts, self.horizon, in_force, self._previous,
+                                             _continuation(schedule, len(forecasts)))
 
             def evaluate(plan: Plan) -> PredictedOutcome:
                 paths[plan_key(plan)] = along(plan)
                 return paths[plan_key(plan)].total
         else:
             evaluate = one_period
-        schedule = None
-        if self.mode in ("full", "fixed-grid"):
-            schedule = plan_deferral(forecasts, self._previous, serving, self._observed.slack_quantiles(),
-                                     risk_aversion=self.risk_aversion, gpu_usd_per_gpu_h=self._gpu_usd_per_gpu_h)
         objective = Objective(self.risk_aversion, _future_price_ratio(forecasts, self.risk_aversion),
                               schedule.carry_usd_per_request if schedule else None, self.cost_basis)
         tenants = self._observed.tenants()
@@ -569,6 +570,19 @@ def _hold_ablated(space: LeverSpace, reference: Plan, families: frozenset[str]) 
                          max_batches=(p.max_batch,) if "batch" in families else lv.max_batches)  # fmt: skip
         pools.append(lv)
     return replace(space, pools=tuple(pools))
+
+
+def _continuation(schedule: DeferralSchedule | None, periods: int) -> tuple[BatchAdmission, ...]:
+    """Per forecast period, how the decisions to come admit deferrable work (the horizon's continuation, every plan
+    alike): held where the deferral LP releases none, else under pressure; under pressure throughout without it.
+
+    >>> s = DeferralSchedule((0.0, 0.2, 40.0), 0.0, 0.0, "optimal")
+    >>> [a.value for a in _continuation(s, 4)]
+    ['hold', 'hold', 'pressure', 'pressure']
+    """
+    release = schedule.release if schedule is not None else ()
+    return tuple(BatchAdmission.HOLD if k < len(release) and release[k] < 0.5 else BatchAdmission.PRESSURE
+                 for k in range(periods))  # fmt: skip
 
 
 def _horizon_extra(paths: dict[tuple[object, ...], Horizon], chosen: Plan, reference: Plan) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Protocol
 import polars as pl
 
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
-from schemas.plan import Plan
+from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, PolicyContext
 from worldmodel.horizon import Horizon, HorizonSpec
 from worldmodel.servingmodel import ServingModel
@@ -44,8 +44,10 @@ class WorldModelPort(Protocol):
         ...
 
     def horizon(self, as_of: datetime, forecasts: tuple[DisturbanceForecast, ...], spec: HorizonSpec,
-                in_force: Plan | None = None, running: Plan | None = None) -> Callable[[Plan], Horizon]:
-        """Per plan, its predicted path held over the forecasts' horizon (worldmodel/horizon.py)."""
+                in_force: Plan | None = None, running: Plan | None = None,
+                continuation: tuple[BatchAdmission, ...] = ()) -> Callable[[Plan], Horizon]:
+        """Per plan, its predicted path held over the forecasts' horizon (worldmodel/horizon.py), deferrable work
+        admitted after the first step by `continuation` (per forecast period; empty: the plan's own)."""
         ...
 
     def serving(self) -> ServingModel: ...

@@ -29,7 +29,7 @@ import polars as pl
 
 from schemas.cost import CostConfig
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
-from schemas.plan import Plan
+from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, PolicyContext
 from worldmodel.forward import ForwardModel
 from worldmodel.horizon import Horizon, HorizonSpec, rollout
@@ -165,11 +165,14 @@ class WorldStateModel:
         return lambda plan: fm.evaluate(start(plan), plan, forecast)
 
     def horizon(self, as_of: datetime, forecasts: tuple[DisturbanceForecast, ...], spec: HorizonSpec,
-                in_force: Plan | None = None, running: Plan | None = None) -> Callable[[Plan], Horizon]:
-        """Per plan, its predicted path over the horizon (worldmodel/horizon.py) from the state as of `as_of`."""
+                in_force: Plan | None = None, running: Plan | None = None,
+                continuation: tuple[BatchAdmission, ...] = ()) -> Callable[[Plan], Horizon]:
+        """Per plan, its predicted path over the horizon (worldmodel/horizon.py) from the state as of `as_of`,
+        deferrable work admitted after the first step by `continuation` (per forecast period)."""
         fm, start = self._forward(as_of, in_force, running)
         point = partial(fm.evaluate, scenarios=("point",))
-        return lambda plan: rollout(fm.evaluate, start(plan), plan, forecasts, spec, later=point)
+        return lambda plan: rollout(fm.evaluate, start(plan), plan, forecasts, spec, later=point,
+                                    continuation=continuation)
 
     def _forward(self, as_of: datetime, in_force: Plan | None,
                  running: Plan | None) -> tuple[ForwardModel, Callable[[Plan], FleetSnapshot]]:

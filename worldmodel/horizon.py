@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from schemas.forecast import ClassOutcome, DisturbanceForecast, PredictedOutcome
-from schemas.plan import Plan
+from schemas.plan import BatchAdmission, Plan
 from worldmodel.snapshot import FleetSnapshot, PoolState
 
 Evaluate = Callable[[FleetSnapshot, Plan, DisturbanceForecast], PredictedOutcome]
@@ -142,19 +142,34 @@ class Horizon:
                 for i, n, o in self.steps]  # fmt: skip
 
 
+def continued(admissions: Sequence[BatchAdmission]) -> BatchAdmission:
+    """The admission of a step that spans periods with `admissions`: deferrable work runs under pressure as soon
+    as one of them releases any, else it is held.
+
+    >>> continued((BatchAdmission.HOLD, BatchAdmission.IMMEDIATE)).value, continued((BatchAdmission.HOLD,)).value
+    ('pressure', 'hold')
+    """
+    return BatchAdmission.HOLD if all(a == BatchAdmission.HOLD for a in admissions) else BatchAdmission.PRESSURE
+
+
 def rollout(evaluate: Evaluate, snap: FleetSnapshot, plan: Plan, forecasts: Sequence[DisturbanceForecast],
             spec: HorizonSpec, deferrable: frozenset[str] = frozenset({"batch"}),
-            later: Evaluate | None = None) -> Horizon:
+            later: Evaluate | None = None, continuation: Sequence[BatchAdmission] = ()) -> Horizon:
     """Score `plan` held over the horizon from `snap` (module docstring); `later` scores the steps after the
-    first (default `evaluate`; the policy passes the point scenario alone there, 4x cheaper)."""
+    first (default `evaluate`; the policy passes the point scenario alone there, 4x cheaper); `continuation`
+    (per forecast period) admits deferrable work after the first step, as the decisions to come will re-plan it,
+    for every plan alike (`continued`; empty: the plan's own admission throughout)."""
     outs: list[tuple[int, int, PredictedOutcome]] = []
     s = snap
     waiting, deadlines = _waiting(snap, forecasts[0], deferrable) if forecasts else (0.0, ())
     for i, n in steps(len(forecasts), spec):
         f = forecasts[i] if n == 1 else _block_forecast(forecasts, i, n)
+        p = plan
         if outs:  # the carried deferrable work, as the previous step left it
             f = replace(f, deferred_backlog_requests=round(waiting), deferred_deadlines_s=deadlines)
-        o = (evaluate if not outs or later is None else later)(s, plan, f)
+            if continuation[i:i + n]:
+                p = replace(plan, batch_admission=continued(continuation[i:i + n]))
+        o = (evaluate if not outs or later is None else later)(s, p, f)
         outs.append((i, n, o))
         arrived = sum(c.offered for c in o.classes if c.request_class in deferrable)
         deadlines = _carried_deadlines(deadlines, waiting, arrived, o.deferred_carryover, f.period_s)

@@ -140,7 +140,8 @@ class FakeWorld:
         return evaluate
 
     def horizon(self, as_of: datetime, forecasts: tuple[DisturbanceForecast, ...], spec: HorizonSpec,
-                in_force: Plan | None = None, running: Plan | None = None) -> Callable[[Plan], Horizon]:
+                in_force: Plan | None = None, running: Plan | None = None,
+                continuation: tuple[BatchAdmission, ...] = ()) -> Callable[[Plan], Horizon]:
         """Each forecast period scored with fake_outcome, the fleet carried as is (the horizon's total)."""
         def path(plan: Plan) -> Horizon:
             snap_free = [(i, n, fake_outcome(plan, forecasts[i])) for i, n in steps(len(forecasts), spec)]

@@ -15,7 +15,7 @@ import pytest
 from optimizer.registry import create
 from schemas.cost import CostConfig
 from schemas.fleet import default_fleet
-from schemas.plan import Plan
+from schemas.plan import BatchAdmission, Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
@@ -71,6 +71,24 @@ def test_the_horizon_ends_with_the_drain(world) -> None:  # noqa: ANN001, F811
     assert len(h_hold.steps) < len(h_rel.steps) <= len(steps(36, spec))
     assert h_hold.total.gpu_hours == pytest.approx(sum(o.gpu_hours for _, _, o in h_hold.steps))
     assert h_hold.total.gpu_hours < 8 * 4 * 5 * 36 / 60  # not the held fleet over the whole 3 h
+
+
+def test_the_decisions_to_come_release_what_the_committed_period_holds(world) -> None:  # noqa: ANN001, F811
+    """A hold is committed for one period: with the continuation the held work runs under pressure from the next
+    step on, so the horizon does not score a hold kept for 3 h against a release (the decisions to come re-plan
+    it); without one the hold stands throughout and carries the work to the horizon's end."""
+    _, snap = world
+    fm = ForwardModel(ServingModel(), CostConfig())
+    deadlines = tuple(7200.0 + 180.0 * k for k in range(20))  # 2-3 h
+    fcs = tuple(replace(_forecast(scale=0.2, backlog=3000 if k == 0 else 0, deadlines=deadlines if k == 0 else ()),
+                        period_start=snap.as_of + timedelta(minutes=5 * k)) for k in range(12))  # fmt: skip
+    hold = replace(_plan(n70=4, n8=4), batch_admission=BatchAdmission.HOLD)
+    spec = HorizonSpec(fine=2, block=5, periods=12)
+    kept = rollout(fm.evaluate, snap, hold, fcs, spec)
+    released = rollout(fm.evaluate, snap, hold, fcs, spec, continuation=(BatchAdmission.PRESSURE,) * 12)
+    assert released.steps[0][2] == kept.steps[0][2]  # the committed period is the plan's own
+    assert kept.steps[-1][2].deferred_carryover > 3000
+    assert released.total.deferred_carryover < 0.5 < kept.total.deferred_carryover
 
 
 class _Fixed(Policy):
