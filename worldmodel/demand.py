@@ -6,7 +6,6 @@ from __future__ import annotations
 from schemas.forecast import ClassDemand, DisturbanceForecast
 from schemas.plan import BatchAdmission, Plan
 from schemas.protocol import Protocol
-from worldmodel.placement import serving_replicas
 from worldmodel.queueing import Load, Pool, mu_replica
 from worldmodel.servingmodel import ServingModel, prompt_cv_from_p90
 from worldmodel.snapshot import FleetSnapshot
@@ -32,10 +31,7 @@ def model_load(
     The load's mean sizes (tokens) are those of the work it serves: the interactive classes' arrivals and the
     deferrable work the admission releases this period (arrivals and backlog alike), so a backlog served after
     arrivals stop keeps its prompts' and outputs' sizes (weighting by arrivals alone gave it size 0 there, and
-    one replica "served" any backlog in a period). No admission runs more than the ceilings serve in the period,
-    counting only the time their replicas are loaded (a replica that cold-starts or reloads its precision serves
-    nothing while it loads; the ceilings counted for the whole period credited a drain plan that reloaded its
-    pools with a full period of backlog served)."""
+    one replica "served" any backlog in a period)."""
     T = fc.period_s
     lam_i = lam_b = 0.0
     q0 = 0.0
@@ -72,9 +68,7 @@ def model_load(
         released = max(min(waiting, spare), urgent)
     else:
         released = urgent
-    # what the ceilings can run this period: replicas that still have to start or reload serve only once loaded
-    mu_serving = sum(mu_replica(sm, p, offered) * serving_replicas(p, p.plan.replica_ceiling, T) for p in pools)
-    servable = max(mu_serving - lam_i, 0.0) * T
+    servable = max(mu_ceiling - lam_i, 0.0) * T
     released = min(released, max(servable, urgent))  # what the ceiling cannot run waits (urgent excess: missed)
     missed = max(urgent - servable, 0.0) + sum(1.0 for x in deadlines if x < 0.0) * (
         batch_backlog / max(len(deadlines), 1)

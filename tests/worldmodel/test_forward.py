@@ -308,23 +308,6 @@ def test_a_backlog_after_arrivals_stop_runs_only_as_fast_as_the_replicas_serve_i
     assert runs[0] < 0.5 * 20_000 and runs[0] < runs[1] < runs[2]
 
 
-def test_a_pool_that_reloads_runs_no_backlog_while_it_loads(world, fm):
-    """The drain's backlog runs only on loaded replicas: an fp8 plan runs less of it this period when the pools
-    must reload from bf16 than when they already run fp8, and carries the rest (the ceilings once counted for the
-    whole period, so a reload "ran" the backlog as if loaded)."""
-    _, snap = world
-    loaded = replace(snap, pools=tuple(replace(p, precision="fp8") for p in snap.pools))
-    f = _forecast(0.0, backlog=20_000, deadlines=(7200.0,) * 5)
-    plan = _plan(n70=4, autoscale=False, precision="fp8", batch_admission=BatchAdmission.IMMEDIATE)
-    plan = plan.with_pools(tuple(replace(p, replica_ceiling=p.replica_floor) for p in plan.pools))  # 4 replicas
-    served = {}
-    for name, s in (("reload", snap), ("loaded", loaded)):
-        out = fm.evaluate(s, plan, f)
-        served[name] = {o.request_class: o for o in out.classes}["batch"].served
-        assert served[name] + out.deferred_carryover == pytest.approx(20_000)
-    assert served["reload"] < 0.85 * served["loaded"]  # 4 replicas loading 65 s of the 300 s period
-
-
 def test_a_reload_breaks_the_interactive_requests_in_flight(world, fm):
     """With nothing offered (the drain) a plan that keeps precision violates nothing; one that reloads the 70B
     pool requeues the chat requests in flight there: they count as violated and as SLA-met lost."""
