@@ -16,7 +16,7 @@ that length at the block's middle forecast. Between steps the snapshot advances 
 - once the carried work is done and no later period of the forecast has arrivals (the replay's drain), the
   rollout ends: the fleet's bill ends with the work, as the ground truth's does. Before, the fleet stayed on the
   bill for the rest of the 3 h horizon with nothing to serve, so the plan with the fewest replicas won every
-  drain decision and ran the held work late (the ablation's batch class 40-45 % late at 31b4ba3);
+  drain decision (one cause of the ablation's batch class 40-45 % late at 31b4ba3);
 - after the first step deferrable work is admitted as the decisions to come will (the policy's `continuation`:
   held in periods where the deferral LP releases none, else under pressure), for every plan alike: a hold is
   committed for one period. Held for the whole horizon (move blocking), the reference's hold ran its work only

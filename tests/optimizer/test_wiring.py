@@ -25,6 +25,7 @@ from schemas.fleet import default_fleet
 from schemas.policy import Observations
 from streams.replay.driver import run_replay
 from streams.workload.builder import Workload, build_workload
+from worldmodel.horizon import HorizonSpec, steps
 
 MARKET = "PJM"
 PERIODS = 3  # window periods with arrivals; the policy decides at periods 1..PERIODS
@@ -228,8 +229,9 @@ def test_no_leakage_of_the_horizon_arm_and_its_path_in_the_record(wl: Workload, 
         assert _path_view(again[k]) == _path_view(records_view)
     later = max(again)
     assert _decision_view(again[later]) != _decision_view(base[later])
-    path = base[DECIDE_AT]["horizon_reference"]
-    assert len(path) >= 4 and path[0]["periods"] == 1 and path[-1]["periods"] >= 1
+    path = base[DECIDE_AT]["horizon_reference"]  # from the committed period to the horizon's end, or to the end
+    assert path and path[0]["periods"] == 1  # of the drain (the window here has 3 periods: worldmodel/horizon.py)
+    assert len(path) == len(steps(HorizonSpec().periods, HorizonSpec())) or path[-1]["carried"] < 0.5
     assert all(step["cost_usd"] >= 0 and step["replicas"] >= 0 for step in path)
 
 
