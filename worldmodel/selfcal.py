@@ -40,6 +40,8 @@ PRECISION_CREDIT = 0.0
 TAIL_MIN_REQUESTS = 200
 #: Quantile levels of the learned per-request TPOT tail (0-1).
 TAIL_LEVELS: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999)
+#: The order residual rows are learned in (`SelfCalibrator.update_frame`): every column of a residual row.
+RESIDUAL_ORDER = ("quantity", "gpu_type", "node", "model", "predicted", "observed")
 #: Separator of the precision in a decode/prefill track's model field ("llama-3.1-8b@fp8").
 PRECISION_SEP = "@"
 
@@ -163,12 +165,16 @@ class SelfCalibrator:
         return z, alarm
 
     def update_frame(self, residuals: pl.DataFrame, at: datetime) -> tuple[pl.DataFrame, list[Alarm]]:
-        """Learn from a residual frame (quantity, gpu_type, node, model, predicted, observed).
+        """Learn from a residual frame (quantity, gpu_type, node, model, predicted, observed), its rows taken in
+        one canonical order: a node hosting several replicas gives its track several residuals a period, and the
+        moving averages depend on their order, which the state's query leaves to DuckDB's threads (the same
+        replay once made PJM seed 1's default arm 1166.1 or 1171.4 gp/$ from run to run).
 
         Returns
         -------
-        The frame with its standardized residual ``z`` appended, and the alarms raised.
+        The frame, in that order, with its standardized residual ``z`` appended, and the alarms raised.
         """
+        residuals = residuals.sort(RESIDUAL_ORDER, nulls_last=True)
         alarms, zs = [], []
         for row in residuals.iter_rows(named=True):
             z, alarm = self.update(

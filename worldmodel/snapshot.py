@@ -168,7 +168,7 @@ WITH g AS (SELECT site, modelName AS gpu, hostname, gpu AS idx, avg(DCGM_FI_DEV_
 SELECT site, gpu, round(coalesce(sum(w), 0), {FLOAT_DIGITS}) AS w, count(*) AS n, count(DISTINCT hostname) AS nodes
 FROM g GROUP BY ALL
 """
-_CAL_SQL = "SELECT * FROM calibration_state"
+_CAL_SQL = "SELECT * FROM calibration_state ORDER BY ALL"  # one order: the tracks merge in it (float sums)
 _BAND_SQL = "SELECT band FROM risk_band WHERE recorded_at <= $as_of ORDER BY recorded_at DESC LIMIT 1"
 
 

@@ -244,3 +244,23 @@ def test_learned_tail_skips_small_periods_and_tracks_the_shape():
     ratios = tuple(1.0 + 0.5 * i for i in range(len(TAIL_LEVELS)))
     cal.update_tail("code", TAIL_LEVELS, ratios, 1000)
     assert cal.corrections().tpot_tail["code"] == tuple(zip(TAIL_LEVELS, ratios, strict=True))
+
+
+def test_a_periods_residuals_are_learned_in_one_order_whatever_order_they_arrive_in():
+    """A node hosting several replicas gives its track several residuals a period; the moving averages depend on
+    their order, and the state's query returns rows in whatever order DuckDB's threads produce, so the calibrator
+    takes them in one canonical order: the same rows shuffled give the same corrections and scores."""
+    at = datetime(2023, 7, 1, tzinfo=UTC)
+    rng = np.random.default_rng(3)
+    n = 24
+    frame = pl.DataFrame({
+        "quantity": ["decode"] * n, "gpu_type": ["H100"] * n, "node": [f"node-{i % 3}" for i in range(n)],
+        "model": [model_key("llama-3.1-8b", "bf16")] * n, "predicted": [0.01] * n,
+        "observed": (0.01 * np.exp(rng.normal(0.0, 0.3, n))).tolist(),
+    })  # fmt: skip
+    runs = []
+    for order in (np.arange(n), rng.permutation(n), np.arange(n)[::-1]):
+        cal = SelfCalibrator(warmup=4)
+        scored, _ = cal.update_frame(frame[order.tolist()], at)
+        runs.append((cal.corrections().decode, scored["z"].to_list()))
+    assert runs[0] == runs[1] == runs[2]
