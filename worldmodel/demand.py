@@ -8,12 +8,19 @@ from schemas.plan import BatchAdmission, Plan
 from schemas.protocol import Protocol
 from worldmodel.queueing import Load, Pool, mu_replica
 from worldmodel.servingmodel import ServingModel, prompt_cv_from_p90
-from worldmodel.snapshot import FleetSnapshot
+from worldmodel.snapshot import FleetSnapshot, QueueState
 
 
 def scenario_rate(d: ClassDemand, scenario: str) -> float:
     """The class's arrival rate in a demand scenario ("point", "lo80", "hi80", "hi95") (req/s, at least 0)."""
     return max(getattr(d.arrivals_per_s, scenario), 0.0)
+
+
+def deferred_waiting(fc: DisturbanceForecast, queue: QueueState | None) -> tuple[float, tuple[float, ...]]:
+    """Deferrable requests waiting at the period's start (count) and their deadline sample (s from then): the
+    forecast's where it carries them, else the snapshot's `queue`."""
+    return (float(fc.deferred_backlog_requests or (queue.outstanding if queue else 0)),
+            fc.deferred_deadlines_s or (queue.deadlines_s if queue else ()))  # fmt: skip
 
 
 def model_load(
@@ -47,8 +54,7 @@ def model_load(
         queue = snap.queue(d.request_class)
         if spec.deferrable:
             lam_b += lam
-            batch_backlog = float(fc.deferred_backlog_requests or (queue.outstanding if queue else 0))
-            deadlines = fc.deferred_deadlines_s or (queue.deadlines_s if queue else ())
+            batch_backlog, deadlines = deferred_waiting(fc, queue)
             deferred.append((lam + batch_backlog / T, *sizes))
         else:
             lam_i += lam

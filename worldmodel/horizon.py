@@ -41,6 +41,7 @@ from datetime import timedelta
 
 from schemas.forecast import ClassOutcome, DisturbanceForecast, PredictedOutcome
 from schemas.plan import BatchAdmission, Plan
+from worldmodel.demand import deferred_waiting
 from worldmodel.snapshot import FleetSnapshot, PoolState
 
 Evaluate = Callable[[FleetSnapshot, Plan, DisturbanceForecast], PredictedOutcome]
@@ -79,9 +80,9 @@ def _block_forecast(forecasts: Sequence[DisturbanceForecast], first: int, length
     return replace(f, period_start=forecasts[first].period_start, period_s=f.period_s * length)
 
 
-def advance(snap: FleetSnapshot, plan: Plan, out: PredictedOutcome, period_s: float,
-            deferrable: frozenset[str]) -> FleetSnapshot:
-    """The snapshot one step of `period_s` (s) later, as the step predicted it (module docstring)."""
+def advance(snap: FleetSnapshot, plan: Plan, out: PredictedOutcome, period_s: float) -> FleetSnapshot:
+    """The snapshot one step of `period_s` (s) later, as the step predicted it (module docstring): its queues
+    empty, the deferrable work the step carried riding on the next step's forecast (`rollout`)."""
     pools = []
     for p in plan.pools:
         prev = snap.pool(p.key)
@@ -91,12 +92,7 @@ def advance(snap: FleetSnapshot, plan: Plan, out: PredictedOutcome, period_s: fl
             running=prev.running if prev else 0.0, waiting=0.0,
             clock_eff_mhz=prev.clock_eff_mhz if prev else 0.0,
         ))  # fmt: skip
-    queues = []  # the deferrable work the step carried rides on the next step's forecast (`rollout`)
-    for q in snap.queues:
-        if q.request_class in deferrable:
-            queues.append(replace(q, outstanding=round(out.deferred_carryover), deadlines_s=(), oldest_wait_s=0.0))
-        else:
-            queues.append(replace(q, outstanding=0, oldest_wait_s=0.0))
+    queues = [replace(q, outstanding=0, oldest_wait_s=0.0, deadlines_s=()) for q in snap.queues]
     return replace(snap, as_of=snap.as_of + timedelta(seconds=period_s), pools=tuple(pools), queues=tuple(queues),
                    floors={p.key: p.replica_floor for p in plan.pools},
                    engine_args={p.key: (p.kv_dtype, p.max_num_batched_tokens) for p in plan.pools})  # fmt: skip
@@ -121,15 +117,6 @@ def _carried_deadlines(deadlines_s: tuple[float, ...], waiting: float, arrived: 
         return ()
     kept = sorted(deadlines_s)[-max(round(len(deadlines_s) * left / max(waiting, 1.0)), 1):]
     return tuple(d - period_s for d in kept)
-
-
-def _waiting(snap: FleetSnapshot, f: DisturbanceForecast,
-             deferrable: frozenset[str]) -> tuple[float, tuple[float, ...]]:
-    """Deferrable requests waiting at the horizon's start (count) and their deadline sample (s), as the forward
-    model reads them: the forecast's, else the snapshot's queue."""
-    q = next((q for q in snap.queues if q.request_class in deferrable), None)
-    return (float(f.deferred_backlog_requests or (q.outstanding if q else 0)),
-            f.deferred_deadlines_s or (q.deadlines_s if q else ()))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -166,7 +153,8 @@ def rollout(evaluate: Evaluate, snap: FleetSnapshot, plan: Plan, forecasts: Sequ
     for every plan alike (`continued`; empty: the plan's own admission throughout)."""
     outs: list[tuple[int, int, PredictedOutcome]] = []
     s = snap
-    waiting, deadlines = _waiting(snap, forecasts[0], deferrable) if forecasts else (0.0, ())
+    queue = next((q for q in snap.queues if q.request_class in deferrable), None)
+    waiting, deadlines = deferred_waiting(forecasts[0], queue) if forecasts else (0.0, ())
     for i, n in steps(len(forecasts), spec):
         f = forecasts[i] if n == 1 else _block_forecast(forecasts, i, n)
         p = plan
@@ -181,7 +169,7 @@ def rollout(evaluate: Evaluate, snap: FleetSnapshot, plan: Plan, forecasts: Sequ
         waiting = o.deferred_carryover
         if o.deferred_carryover < 0.5 and all(g.drain for g in forecasts[i + n:spec.periods]):
             break  # the work is done and no more arrives: the drain ends, and the fleet's bill with it
-        s = advance(s, plan, o, f.period_s, deferrable)
+        s = advance(s, plan, o, f.period_s)
     return Horizon(tuple(outs), total([o for _, _, o in outs]))
 
 
