@@ -8,10 +8,16 @@ then on, in DRAIN_STEP_S steps, until every request that arrived in [t0, t0 + (1
 is past the last instant it could still meet its SLA, at most DRAIN_CAP_S after the H periods (requests still
 open then count as unmet; `unresolved` says how many). Its value is
 
-    value = sla_met - g* x cost
+    value = sla_met + served_after - g* x cost
 
-with sla_met over those requests, cost (GPU-hours + energy on the run's cost basis, streams/replay/metrics
-`cost_between`) over (t0, end of the branch], and g* the strongest reference's gp/$ over the whole window.
+with sla_met over those requests, served_after the SLA-met requests that arrived after them and finished
+within the branch, cost (GPU-hours + energy on the run's cost basis, streams/replay/metrics `cost_between`)
+over (t0, end of the branch], and g* the strongest reference's gp/$ over the whole window. Arrivals go on
+while a branch drains inside the window, so a branch whose requests resolve later (work held for a later
+price, a slower fleet) pays its fleet for longer, serving others' requests too: counting what that service
+earns makes the extra time cost only what it falls short of g*, where charging it without its service cost
+a plan that held batch work for one period 2.5 times the gp/$ of the plan that ran it (ruler at e2c31a7,
+PJM seed 0 period 2: 474 against 1,208).
 Definitions: docs/metrics.md "Counterfactual branching". This module runs the ground truth and is an
 oracle's tool: the planner (optimizer/) never imports it.
 
@@ -77,7 +83,9 @@ Continuation = Plan | Sequence[Plan] | Callable[[int], Plan]
 
 @dataclass(frozen=True)
 class Branch:
-    """One branch's outcome. value = sla_met - g* x cost (requests); gp_per_dollar = sla_met / cost."""
+    """One branch's outcome. value = sla_met + served_after - g* x cost (requests); gp_per_dollar =
+    (sla_met + served_after) / cost. sla_met, requests and violation are over the branch's set; served_after
+    counts the SLA-met requests that arrived after the set and finished within the branch (module docstring)."""
 
     label: str
     value: float
@@ -94,6 +102,7 @@ class Branch:
 
     replicates: int = 1
     value_sd: float = 0.0
+    served_after: int = 0
 
     def passes(self, baseline: Branch, slack: float = SLA_SLACK) -> bool:
         """Per-class violation rate within the baseline branch's + slack (classes absent from a set pass)."""
@@ -107,6 +116,7 @@ class Branch:
         if len(branches) == 1:
             return b0
         met = float(np.mean([b.sla_met for b in branches]))
+        after = float(np.mean([b.served_after for b in branches]))
         usd = float(np.mean([b.cost_usd for b in branches]))
         classes = {c for b in branches for c in b.violation}
         return replace(
@@ -115,13 +125,14 @@ class Branch:
             sla_met=round(met),
             requests=round(float(np.mean([b.requests for b in branches]))),
             cost_usd=usd,
-            gp_per_dollar=met / usd if usd > 0 else math.inf,
+            gp_per_dollar=(met + after) / usd if usd > 0 else math.inf,
             violation={c: float(np.mean([b.violation.get(c, 0.0) for b in branches])) for c in sorted(classes)},
             end_s=max(b.end_s for b in branches),
             unresolved=max(b.unresolved for b in branches),
             wall_s=sum(b.wall_s for b in branches),
             replicates=len(branches),
             value_sd=float(np.std([b.value for b in branches])),
+            served_after=round(after),
         )
 
 
@@ -243,19 +254,21 @@ def branch_value(
     cls = o["cls"][in_set]
     violation = {name: float(1.0 - met[cls == k].mean()) for k, name in enumerate(CLASSES) if (cls == k).any()}
     n_met = int(met.sum())
+    n_after = int(o["sla_met"][(req.arrival >= t_h) & (req.done <= t)].sum())
     return Branch(
         label=label or plan.label,
-        value=n_met - g_star * usd,
+        value=n_met + n_after - g_star * usd,
         sla_met=n_met,
         requests=int(in_set.sum()),
         cost_usd=usd,
-        gp_per_dollar=n_met / usd if usd > 0 else math.inf,
+        gp_per_dollar=(n_met + n_after) / usd if usd > 0 else math.inf,
         violation=violation,
         t0=t0,
         end_s=t,
         unresolved=unresolved,
         H=H if drain else 0,
         wall_s=time.perf_counter() - t_wall,
+        served_after=n_after,
     )
 
 

@@ -33,7 +33,7 @@ from streams.replay.branching import (
 from streams.replay.cli import _aggregate, _check_branching, _hindsight_flags
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.hindsight import HINDSIGHT, BranchSettings, RegretAudit, hindsight_check, run_hindsight
-from streams.replay.metrics import cost_between, fleet_gpus, period_costs, summarize
+from streams.replay.metrics import cost_between, fleet_gpus, period_costs, request_outcomes, summarize
 from streams.workload.builder import Workload, build_workload
 
 MARKET = "PJM"
@@ -122,6 +122,41 @@ def test_branch_under_the_same_plan_reproduces_the_main_period(wl: Workload) -> 
     assert b.value == pytest.approx(b.sla_met - G_STAR * row["cost_usd"], rel=1e-12)
     owned: Branch = seen["owned"]  # type: ignore[assignment]
     assert owned.cost_usd == pytest.approx(gpu_cost_owned_usd(fleet_gpus(run), P / 3600.0) + row["energy_usd"])
+
+
+def test_a_branch_draining_past_its_periods_counts_what_its_fleet_serves_meanwhile(wl: Workload) -> None:
+    """Arrivals go on while a branch drains inside the window and its cost runs to its own end, so the SLA-met
+    requests that arrived after its set and finished by then count in its value; a plan holding batch work
+    was charged for that service with no credit (docs/metrics.md "Counterfactual branching")."""
+    k0 = 1
+    seen: dict[str, object] = {}
+
+    def hold_here(k: int, run: RunResult, plan: Plan) -> Plan:
+        if k == k0:
+            held = replace(plan, batch_admission="hold", label="hold")
+            b = branch_value(run, held, plan, k * P, P, 0, G_STAR)
+            seen["branch"], seen["screen"] = b, branch_value(run, held, plan, k * P, P, 0, G_STAR, drain=False)
+            f = run.runtime.fork()  # the same branch, stepped by hand to its end
+            f.apply_plan(held)
+            for boundary in (t for t in np.arange((k + 1) * P, b.end_s, P)):
+                f.advance(float(boundary))
+                f.apply_plan(plan)
+            f.advance(b.end_s)
+            seen["fork"] = replace(run, runtime=f)
+        return plan
+
+    _run(wl, create("production"), hold_here)
+    b: Branch = seen["branch"]  # type: ignore[assignment]
+    t_h = (k0 + 1) * P
+    assert b.end_s > t_h + 60.0  # held work resolved after the set's period, while later arrivals were served
+    fork: RunResult = seen["fork"]  # type: ignore[assignment]
+    req = fork.runtime.req
+    after = (req.arrival >= t_h) & (req.done <= b.end_s)
+    assert b.served_after == int(request_outcomes(fork)["sla_met"][after].sum()) > 0
+    assert b.value == pytest.approx(b.sla_met + b.served_after - G_STAR * b.cost_usd, rel=1e-12)
+    assert b.gp_per_dollar == pytest.approx((b.sla_met + b.served_after) / b.cost_usd, rel=1e-12)
+    screen: Branch = seen["screen"]  # type: ignore[assignment]
+    assert screen.served_after == 0 and screen.end_s == t_h  # the screen stops with its set's periods
 
 
 def _halved(plan: Plan, live: dict[tuple[str, str, str], int]) -> Plan:
