@@ -30,6 +30,7 @@ than the strongest reference's on that basis (production's, or naive's where nai
     python benchmarks/guard_fit.py --year 2022 --source window --out benchmarks/results/guard_fit_2022_windows.json
     python benchmarks/guard_fit.py --engine tuned --backlogs 0 --out benchmarks/results/guard_fit_week_before_tuned.json
     python benchmarks/guard_fit.py --engine tuned-policy --backlogs 0 --growths 1 --steps 1 --targets 0.65,0.7,0.75,0.8
+    python benchmarks/guard_fit.py --engine tuned-policy --markets ERCOT --all-sites --backlogs 0 --growths 1 --steps 1
 
 Runs the ground truth: a measurement tool, never imported by the planner.
 """
@@ -52,13 +53,14 @@ from optimizer.baselines.tuned import TunedProductionPolicy, with_clock_share, w
 from optimizer.registry import create
 from optimizer.scale_guard import ENERGY_RULES, GuardInputs, ScaleGuard, priced_target
 from schemas.cost import COST_BASES, energy_breakeven_usd_mwh
-from schemas.fleet import default_fleet
+from schemas.fleet import FleetSpec, default_fleet
 from streams.replay import memo
 from streams.replay.branching import live_replicas, noise_shifts
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
 from streams.replay.tuning import TUNE_DRAWS, Tuning, lead_in_fleet, tune_static, week_before
 from streams.workload.builder import Workload, build_workload
+from streams.workload.residency import assign_residency
 from worldmodel.groundtruth.runtime import Physics
 
 CLASSES = ("code", "chat", "batch")
@@ -133,13 +135,15 @@ def at_clock(plan: Any, tuning: Tuning, price_usd_mwh: float | None) -> Any:
 
 def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Physics,
              energy_target: float | None = None, rule: str = "step", tuning: Tuning | None = None,
-             base: str = "production") -> dict[str, float]:
+             base: str = "production", fleet: FleetSpec | None = None) -> dict[str, float]:
     """One replay of `base`'s plan (production's, or TUNED's) under `guard` (production's at `tuning`'s engine
     settings when given, `at_engine`; TUNED's at its clock repriced, `at_clock`); with
     `energy_target`, the guard's target moves from its own to that one with each period's price against the fleet's
-    energy break-even (`schemas.cost.energy_breakeven_usd_mwh`) by `rule` (optimizer/scale_guard.priced_target)."""
+    energy break-even (`schemas.cost.energy_breakeven_usd_mwh`) by `rule` (optimizer/scale_guard.priced_target);
+    on `fleet` (None: the default fleet)."""
+    fleet = fleet or default_fleet()
     prices = period_prices(wl) if energy_target is not None or tuning is not None else []
-    breakeven = energy_breakeven_usd_mwh(default_fleet().gpus_by_type())
+    breakeven = energy_breakeven_usd_mwh(fleet.gpus_by_type())
 
     def intercept(k: int, run: Any, plan: Any) -> Any:
         if tuning is not None:
@@ -154,15 +158,16 @@ def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Phy
         target = priced_target(guard.target, energy_target, share.energy_share, rule)
         return replace(guard, target=target).apply(plan, inputs)
 
-    return _replayed(wl, base, initial, physics, intercept, tuning=tuning)
+    return _replayed(wl, base, initial, physics, intercept, tuning=tuning, fleet=fleet)
 
 
 def _replayed(wl: Workload, policy: str, initial: dict, physics: Physics, intercept: Any = None,
-              tuning: Tuning | None = None) -> dict[str, float]:
+              tuning: Tuning | None = None, fleet: FleetSpec | None = None) -> dict[str, float]:
     """gp/$ on both bases and each class's violation rate (%) of one replay of `policy` (a registry name; TUNED
-    runs `tuning`'s configuration) on the default fleet from `initial`, each plan through `intercept` when given."""
+    runs `tuning`'s configuration) on `fleet` (None: the default fleet) from `initial`, each plan through
+    `intercept` when given."""
     pol = TunedProductionPolicy(config=tuning.config) if policy == TUNED and tuning is not None else create(policy)
-    run = run_replay(wl, pol, default_fleet(), period_s=300.0, physics=physics, initial_replicas=initial,
+    run = run_replay(wl, pol, fleet or default_fleet(), period_s=300.0, physics=physics, initial_replicas=initial,
                      intercept=intercept)  # fmt: skip
     s = summarize(run)
     out = {"gp": s["gp_per_dollar"], "gp_owned": s["gp_per_dollar_owned"]}
@@ -171,36 +176,55 @@ def _replayed(wl: Workload, policy: str, initial: dict, physics: Physics, interc
     return out
 
 
-def searched(market: str, window_start: Any, seed: int, physics: Physics) -> Tuning:
+def job_fleet(market: str, all_sites: bool) -> FleetSpec:
+    """The fleet `aurelius replay` runs the job on: one site per market in the default order, or in the three-site
+    mode (`all_sites`) the job's market first (`--markets MARKET,...`, the site whose window is replayed).
+
+    >>> [s.region for s in job_fleet("ERCOT", True).sites] == [s.region for s in default_fleet(("ERCOT", "PJM",
+    ...                                                                                           "CAISO")).sites]
+    True
+    """
+    if not all_sites:
+        return default_fleet()
+    return default_fleet((market, *(s.market for s in default_fleet().sites if s.market != market)))
+
+
+def searched(market: str, window_start: Any, seed: int, physics: Physics, all_sites: bool = False) -> Tuning:
     """The week-before search of the replay's job (`tune_static` with the replay's defaults), from the replay's cache
     where it measured it (streams/replay/memo.py, the same key as `aurelius replay`'s)."""
-    inputs = {"market": market, "window_start": window_start, "fleet": default_fleet(), "seed": seed,
-              "physics": physics, "period_minutes": 5.0, "draws": TUNE_DRAWS, "all_sites": False}
+    inputs = {"market": market, "window_start": window_start, "fleet": job_fleet(market, all_sites), "seed": seed,
+              "physics": physics, "period_minutes": 5.0, "draws": TUNE_DRAWS, "all_sites": all_sites}
     return memo.remembered(memo.key("tune", **inputs), lambda: tune_static(**inputs), memo.dump_tuning,
                            memo.load_tuning)  # fmt: skip
 
 
-def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], int, str, str, str]) \
+def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], int, str, str, str, bool]) \
         -> list[dict[str, Any]]:
     """Every setting of the grid (and production, setting None) on one market and seed's week-before hours (or
     window, `source` "window") of the year's window chosen by `rule` ("max" or "median", streams/workload); with
-    `engine` "tuned" at the week-before search's engine settings, production-tuned beside (module docstring)."""
-    market, seed, periods, replicates, grid, year, source, rule, engine = job
+    `engine` "tuned" at the week-before search's engine settings, production-tuned beside (module docstring); with
+    `all_sites` the three-site mode's (one shared workload with residency, every site's fleet)."""
+    market, seed, periods, replicates, grid, year, source, rule, engine, all_sites = job
     physics = Physics()
+    fleet = job_fleet(market, all_sites)
     window_start = build_workload(market, year, rule=rule, periods=1, seed=seed).window.start
-    tuning = searched(market, window_start, seed, physics) if engine != "deployed" else None
+    tuning = searched(market, window_start, seed, physics, all_sites) if engine != "deployed" else None
     if source == "window":
         wl = build_workload(market, year, rule=rule, periods=periods, seed=seed)
-        initial = lead_in_fleet(market, wl.window.start, default_fleet(), seed=seed, physics=physics)
+        if all_sites:
+            regions = tuple(site.region for site in fleet.sites)
+            wl = replace(wl, requests=assign_residency(wl.requests, regions, market, seed=seed))
+        initial = lead_in_fleet(market, wl.window.start, fleet, seed=seed, physics=physics, all_sites=all_sites)
     else:
-        wl, initial = week_before(market, window_start, default_fleet(), seed=seed, physics=physics, periods=periods)
+        wl, initial = week_before(market, window_start, fleet, seed=seed, physics=physics, periods=periods,
+                                  all_sites=all_sites)  # fmt: skip
     rows = []
-    label = market if rule == "max" else f"{market}/{rule}"
+    label = (market if rule == "max" else f"{market}/{rule}") + ("/three-site" if all_sites else "")
     for r in range(1, replicates + 1):
         noisy = _noisy(wl, r)
         for ref in REFERENCES if tuning is not None else (NAIVE,):
             rows.append({"market": label, "seed": seed, "replicate": r, "setting": ref,
-                         **_replayed(noisy, ref, initial, physics, tuning=tuning)})  # fmt: skip
+                         **_replayed(noisy, ref, initial, physics, tuning=tuning, fleet=fleet)})  # fmt: skip
         for setting in [None, *grid]:
             guard = None if setting is None else ScaleGuard(step=setting[0], growth=setting[1], target=setting[2],
                                                             backlog=bool(setting[3]))
@@ -209,7 +233,7 @@ def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], 
                          **_figures(noisy, initial, guard, physics, energy, rule,
                                     tuning if setting is not None else None,
                                     TUNED if engine == "tuned-policy" and setting is not None
-                                    else "production")})  # fmt: skip
+                                    else "production", fleet)})  # fmt: skip
     return rows
 
 
@@ -289,6 +313,9 @@ def main() -> None:
                     help="guard production's plan as deployed, at the week-before search's engine settings, or "
                          "production-tuned's own plan as the aurelius arms do; production-tuned a reference "
                          "beside the last two (module docstring)")
+    ap.add_argument("--all-sites", action="store_true", help="the three-site mode: one shared workload of each "
+                    "market's week before (or window) with residency, served by every site's fleet, that market's "
+                    "site first, as `aurelius replay --sites three --markets MARKET,...` runs it")
     ap.add_argument("--basis", choices=COST_BASES, default="rented", help="the cost basis the setting is chosen on")
     ap.add_argument("--slack-pp", type=float, default=0.1, help="a class may be worse than production's by (pp)")
     ap.add_argument("--jobs", type=int, default=2)
@@ -300,13 +327,15 @@ def main() -> None:
     grid += [(*g, float(e), rule) for g in list(grid) for e in args.energy_targets.split(",") if e
              for rule in args.energy_rules.split(",")]  # fmt: skip
     rules = args.window_rules.split(",")
-    jobs = [(m, int(s), args.periods, args.replicates, grid, args.year, args.source, rule, args.engine)
+    jobs = [(m, int(s), args.periods, args.replicates, grid, args.year, args.source, rule, args.engine,
+             args.all_sites)
             for rule in rules for m in args.markets.split(",") for s in args.seeds.split(",")]  # fmt: skip
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as ex:
         rows = [r for rs in ex.map(measure, jobs) for r in rs]
     tab = table(rows)
-    markets = [m if rule == "max" else f"{m}/{rule}" for rule in rules for m in args.markets.split(",")]
+    markets = [(m if rule == "max" else f"{m}/{rule}") + ("/three-site" if args.all_sites else "")
+               for rule in rules for m in args.markets.split(",")]  # fmt: skip
     print(f"{'setting':<44}" + "".join(f"{m + ' gp':>14}{'own':>7}{'chat':>7}{'code':>7}" for m in markets))
     for s, by in tab.items():
         print(f"{s:<44}" + "".join(f"{by[m]['gp'] * 100:>+13.1f}%{by[m]['gp_owned'] * 100:>+6.1f}%"
