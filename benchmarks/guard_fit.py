@@ -135,12 +135,12 @@ def at_clock(plan: Any, tuning: Tuning, price_usd_mwh: float | None) -> Any:
 
 def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Physics,
              energy_target: float | None = None, rule: str = "step", tuning: Tuning | None = None,
-             base: str = "production", fleet: FleetSpec | None = None) -> dict[str, float]:
+             base: str = "production", fleet: FleetSpec | None = None, all_sites: bool = False) -> dict[str, float]:
     """One replay of `base`'s plan (production's, or TUNED's) under `guard` (production's at `tuning`'s engine
     settings when given, `at_engine`; TUNED's at its clock repriced, `at_clock`); with
     `energy_target`, the guard's target moves from its own to that one with each period's price against the fleet's
     energy break-even (`schemas.cost.energy_breakeven_usd_mwh`) by `rule` (optimizer/scale_guard.priced_target);
-    on `fleet` (None: the default fleet)."""
+    on `fleet` (None: the default fleet), every site serving (`all_sites`, the three-site mode) or the workload's."""
     fleet = fleet or default_fleet()
     prices = period_prices(wl) if energy_target is not None or tuning is not None else []
     breakeven = energy_breakeven_usd_mwh(fleet.gpus_by_type())
@@ -158,17 +158,18 @@ def _figures(wl: Workload, initial: dict, guard: ScaleGuard | None, physics: Phy
         target = priced_target(guard.target, energy_target, share.energy_share, rule)
         return replace(guard, target=target).apply(plan, inputs)
 
-    return _replayed(wl, base, initial, physics, intercept, tuning=tuning, fleet=fleet)
+    return _replayed(wl, base, initial, physics, intercept, tuning=tuning, fleet=fleet, all_sites=all_sites)
 
 
 def _replayed(wl: Workload, policy: str, initial: dict, physics: Physics, intercept: Any = None,
-              tuning: Tuning | None = None, fleet: FleetSpec | None = None) -> dict[str, float]:
+              tuning: Tuning | None = None, fleet: FleetSpec | None = None, all_sites: bool = False) \
+        -> dict[str, float]:
     """gp/$ on both bases and each class's violation rate (%) of one replay of `policy` (a registry name; TUNED
-    runs `tuning`'s configuration) on `fleet` (None: the default fleet) from `initial`, each plan through
-    `intercept` when given."""
+    runs `tuning`'s configuration) on `fleet` (None: the default fleet; `all_sites`: every site serves, the
+    three-site mode) from `initial`, each plan through `intercept` when given."""
     pol = TunedProductionPolicy(config=tuning.config) if policy == TUNED and tuning is not None else create(policy)
     run = run_replay(wl, pol, fleet or default_fleet(), period_s=300.0, physics=physics, initial_replicas=initial,
-                     intercept=intercept)  # fmt: skip
+                     intercept=intercept, all_sites=all_sites)  # fmt: skip
     s = summarize(run)
     out = {"gp": s["gp_per_dollar"], "gp_owned": s["gp_per_dollar_owned"]}
     for c in CLASSES:
@@ -224,7 +225,8 @@ def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], 
         noisy = _noisy(wl, r)
         for ref in REFERENCES if tuning is not None else (NAIVE,):
             rows.append({"market": label, "seed": seed, "replicate": r, "setting": ref,
-                         **_replayed(noisy, ref, initial, physics, tuning=tuning, fleet=fleet)})  # fmt: skip
+                         **_replayed(noisy, ref, initial, physics, tuning=tuning, fleet=fleet,
+                                     all_sites=all_sites)})  # fmt: skip
         for setting in [None, *grid]:
             guard = None if setting is None else ScaleGuard(step=setting[0], growth=setting[1], target=setting[2],
                                                             backlog=bool(setting[3]))
@@ -233,7 +235,7 @@ def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], 
                          **_figures(noisy, initial, guard, physics, energy, rule,
                                     tuning if setting is not None else None,
                                     TUNED if engine == "tuned-policy" and setting is not None
-                                    else "production", fleet)})  # fmt: skip
+                                    else "production", fleet, all_sites)})  # fmt: skip
     return rows
 
 
