@@ -14,7 +14,7 @@ from optimizer.baselines.tuned import StaticConfig
 from optimizer.clock_price import ClockPrices
 from optimizer.forecast_adapter import ForecastingProvider, OracleForecastProvider
 from optimizer.registry import create
-from optimizer.scale_guard import GUARD_TARGET_ON_PRODUCTION, ScaleGuard
+from optimizer.scale_guard import GUARD_TARGET_ON_PRODUCTION, GUARD_TARGET_THREE_SITE, ScaleGuard
 from optimizer.world_adapter import WorldStateModel
 from schemas.policy import Policy
 from worldmodel.state import WorldState
@@ -65,6 +65,7 @@ def build_policy(
     tuned: StaticConfig | None = None,
     clock: ClockPrices | None = None,
     cost_basis: str = "rented",
+    all_sites: bool = False,
     **kwargs: Any,
 ) -> Policy:
     """A ready-to-run policy by name: references via the registry, aurelius arms with the real adapters.
@@ -93,6 +94,9 @@ def build_policy(
         the arm fixes its own.
     cost_basis : the operator's cost basis, "rented" or "owned" (schemas/cost.py): what the aurelius arms
         optimize (`AureliusPolicy.cost_basis`); the references do not depend on it.
+    all_sites : the three-site mode (one shared workload, every site serving, `aurelius replay --sites three`):
+        over production-tuned's plan the guard runs the target fitted on that mode's week before
+        (`GUARD_TARGET_THREE_SITE`).
     kwargs : further `AureliusPolicy` settings (e.g. audit=False).
     """
     if name not in AURELIUS_ARMS:
@@ -116,6 +120,8 @@ def build_policy(
     guard = kwargs.get("guard", arm.get("guard", ScaleGuard()))
     if reference != TUNED_REFERENCE and tuned is not None and wants_tuning(name) and guard is not None:
         kwargs["guard"] = replace(guard, rented_target=GUARD_TARGET_ON_PRODUCTION.value)
+    elif all_sites and reference == TUNED_REFERENCE and guard is not None:
+        kwargs["guard"] = replace(guard, rented_target=GUARD_TARGET_THREE_SITE.value)
     horizon = int(kwargs.get("horizon_periods", arm.get("horizon_periods", 12)))
     if arm.get("oracle"):
         if workload is None:

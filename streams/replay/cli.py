@@ -539,7 +539,8 @@ def _one(
     """One replay; production-tuned runs the configuration measured best on the week before (`tuning`), the
     aurelius arms take its precision and its clock measurements (optimizer/wiring.build_policy)."""
     policy = build_policy(name, wl, seed, period_s=args.period_minutes * 60.0, window_periods=args.periods,
-                          tuned=tuning and tuning.config, clock=tuning and tuning.clock, cost_basis=args.cost_basis)
+                          tuned=tuning and tuning.config, clock=tuning and tuning.clock, cost_basis=args.cost_basis,
+                          all_sites=all_sites)
     return run_replay(
         wl,
         policy,

@@ -353,9 +353,10 @@ def test_the_arms_guard_production_tuned_once_the_week_before_measured_it(wl: Wo
     """With the tuning the aurelius arms guard production-tuned at that configuration (its batch cap, target and
     price rule) at the target fitted over that plan; without it (the Kafka worker), and in the arms that ablate an
     engine setting or name production, and on the owned basis, production's plan, at the target fitted over that
-    plan at the tuned engine settings where the tuning sets them."""
+    plan at the tuned engine settings where the tuning sets them. In the three-site mode the guard over
+    production-tuned's plan runs the target fitted on that mode's week before."""
     from optimizer.baselines.tuned import StaticConfig
-    from optimizer.scale_guard import GUARD_TARGET, GUARD_TARGET_ON_PRODUCTION
+    from optimizer.scale_guard import GUARD_TARGET, GUARD_TARGET_ON_PRODUCTION, GUARD_TARGET_THREE_SITE
 
     tuned = StaticConfig(precision="fp8", kv_dtype="fp8", max_batch=512, max_num_batched_tokens=2048)
     pol = build_policy("aurelius", wl, tuned=tuned)
@@ -372,6 +373,12 @@ def test_the_arms_guard_production_tuned_once_the_week_before_measured_it(wl: Wo
     assert build_policy("aurelius", wl, tuned=tuned, reference="production").reference == "production"
     owned = build_policy("aurelius", wl, tuned=tuned, cost_basis="owned")  # the hold lengthens the drain it pays
     assert (owned.reference, owned.guard.rented_target) == ("production", GUARD_TARGET_ON_PRODUCTION.value)
+    three = build_policy("aurelius", wl, tuned=tuned, all_sites=True)
+    assert GUARD_TARGET_THREE_SITE.value != GUARD_TARGET.value
+    assert (three.reference, three.guard.target_at()) == ("production-tuned", GUARD_TARGET_THREE_SITE.value)
+    assert build_policy("aurelius-on-production", wl, tuned=tuned, all_sites=True).guard.target_at() == (
+        GUARD_TARGET_ON_PRODUCTION.value)  # over production's plan, the target fitted over it
+    assert build_policy("aurelius", wl, all_sites=True).guard.target_at() == GUARD_TARGET.value  # no tuning
 
 
 def test_the_replays_cost_basis_flag_reaches_the_arms(wl: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -395,6 +402,10 @@ def test_the_replays_cost_basis_flag_reaches_the_arms(wl: Workload, monkeypatch:
         with pytest.raises(Built):
             cli._one(wl, "aurelius", None, args, None, "PJM", 0, False, None, {})
         assert seen["cost_basis"] == basis
+    for all_sites in (True, False):  # the three-site mode reaches the arms too (its own guard target)
+        with pytest.raises(Built):
+            cli._one(wl, "aurelius", None, build_parser().parse_args(["replay"]), None, "PJM", 0, all_sites, None, {})
+        assert seen["all_sites"] is all_sites
 
 
 def test_the_workers_cost_basis_reaches_its_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
