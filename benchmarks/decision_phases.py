@@ -17,7 +17,6 @@ import argparse
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ import optimizer.world_adapter as world_adapter
 from schemas.fleet import MARKET_REGION, default_fleet
 from streams.replay.driver import run_replay
 from streams.workload.builder import build_workload
-from streams.workload.residency import assign_residency
+from streams.workload.residency import with_residency
 from worldmodel.state import WorldState
 
 TIMES: dict[str, list[float]] = defaultdict(list)
@@ -78,8 +77,7 @@ def main() -> None:
     markets = (args.market,) if args.sites == "one" else (args.market, *(m for m in MARKET_REGION if m != args.market))
     fleet = default_fleet(markets)
     if args.sites == "three":
-        regions = tuple(site.region for site in fleet.sites)
-        wl = replace(wl, requests=assign_residency(wl.requests, regions, args.market, seed=args.seed))
+        wl = with_residency(wl, fleet, args.market, seed=args.seed)
     policy = wiring.build_policy(args.arm, workload=wl, seed=args.seed, audit=False)
     _ingest_by_kind()
     _timed(WorldState, "aggregate_period", "aggregate")

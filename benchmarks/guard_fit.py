@@ -60,7 +60,7 @@ from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
 from streams.replay.tuning import TUNE_DRAWS, Tuning, lead_in_fleet, tune_static, week_before
 from streams.workload.builder import Workload, build_workload
-from streams.workload.residency import assign_residency
+from streams.workload.residency import with_residency
 from worldmodel.groundtruth.runtime import Physics
 
 CLASSES = ("code", "chat", "batch")
@@ -199,6 +199,15 @@ def searched(market: str, window_start: Any, seed: int, physics: Physics, all_si
                            memo.load_tuning)  # fmt: skip
 
 
+def _label(market: str, rule: str, all_sites: bool) -> str:
+    """A job's row label: the market, its window rule unless "max", "three-site" in that mode.
+
+    >>> _label("PJM", "max", False), _label("CAISO", "median", False), _label("ERCOT", "max", True)
+    ('PJM', 'CAISO/median', 'ERCOT/three-site')
+    """
+    return (market if rule == "max" else f"{market}/{rule}") + ("/three-site" if all_sites else "")
+
+
 def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], int, str, str, str, bool]) \
         -> list[dict[str, Any]]:
     """Every setting of the grid (and production, setting None) on one market and seed's week-before hours (or
@@ -213,14 +222,13 @@ def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], 
     if source == "window":
         wl = build_workload(market, year, rule=rule, periods=periods, seed=seed)
         if all_sites:
-            regions = tuple(site.region for site in fleet.sites)
-            wl = replace(wl, requests=assign_residency(wl.requests, regions, market, seed=seed))
+            wl = with_residency(wl, fleet, market, seed=seed)
         initial = lead_in_fleet(market, wl.window.start, fleet, seed=seed, physics=physics, all_sites=all_sites)
     else:
         wl, initial = week_before(market, window_start, fleet, seed=seed, physics=physics, periods=periods,
                                   all_sites=all_sites)  # fmt: skip
     rows = []
-    label = (market if rule == "max" else f"{market}/{rule}") + ("/three-site" if all_sites else "")
+    label = _label(market, rule, all_sites)
     for r in range(1, replicates + 1):
         noisy = _noisy(wl, r)
         for ref in REFERENCES if tuning is not None else (NAIVE,):
@@ -336,8 +344,7 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as ex:
         rows = [r for rs in ex.map(measure, jobs) for r in rs]
     tab = table(rows)
-    markets = [(m if rule == "max" else f"{m}/{rule}") + ("/three-site" if args.all_sites else "")
-               for rule in rules for m in args.markets.split(",")]  # fmt: skip
+    markets = [_label(m, rule, args.all_sites) for rule in rules for m in args.markets.split(",")]
     print(f"{'setting':<44}" + "".join(f"{m + ' gp':>14}{'own':>7}{'chat':>7}{'code':>7}" for m in markets))
     for s, by in tab.items():
         print(f"{s:<44}" + "".join(f"{by[m]['gp'] * 100:>+13.1f}%{by[m]['gp_owned'] * 100:>+6.1f}%"

@@ -23,7 +23,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ from streams.replay.ruler import ruler_record
 from streams.replay.tuning import TUNE_DRAWS, Tuning, lead_in_fleet, tune_static
 from streams.replay.warmup import COMPILE_ESTIMATE_S, compile_simulator, compiled
 from streams.workload.builder import Workload, build_workload
-from streams.workload.residency import assign_residency
+from streams.workload.residency import with_residency
 from worldmodel.groundtruth.runtime import Physics
 
 
@@ -354,9 +354,7 @@ def _workload(job: Job, args: argparse.Namespace) -> Workload:
             source=args.source,
         )
         if job.all_sites:
-            fleet = default_fleet(tuple(_csv(args.markets)))
-            regions = tuple(site.region for site in fleet.sites)
-            wl = replace(wl, requests=assign_residency(wl.requests, regions, job.market, seed=job.seed))
+            wl = with_residency(wl, default_fleet(tuple(_csv(args.markets))), job.market, seed=job.seed)
         while len(_WORKLOADS) >= 3:
             _WORKLOADS.pop(next(iter(_WORKLOADS)))
         _WORKLOADS[key] = wl

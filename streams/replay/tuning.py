@@ -41,7 +41,7 @@ from schemas.fleet import FleetSpec
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
 from streams.workload.builder import Workload, build_workload
-from streams.workload.residency import assign_residency
+from streams.workload.residency import with_residency
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.runtime import Physics
 
@@ -126,8 +126,7 @@ def week_before(
     wl = build_workload(market, past.year, start=past, periods=periods, period_minutes=period_minutes,
                         seed=seed + 7919)  # fmt: skip
     if all_sites:
-        regions = tuple(site.region for site in fleet.sites)
-        wl = replace(wl, requests=assign_residency(wl.requests, regions, market, seed=seed))
+        wl = with_residency(wl, fleet, market, seed=seed)
     return wl, lead_in_fleet(market, past, fleet, seed=seed, physics=physics, all_sites=all_sites)
 
 

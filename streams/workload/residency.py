@@ -3,10 +3,13 @@ run in one region only (the others may run anywhere)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import polars as pl
 
-from streams.workload.builder import rng
+from schemas.fleet import FleetSpec
+from streams.workload.builder import Workload, rng
 
 
 def assign_residency(
@@ -30,3 +33,8 @@ def assign_residency(
         .otherwise(pl.col("allowed_regions"))
         .alias("allowed_regions"),
     )
+
+
+def with_residency(wl: Workload, fleet: FleetSpec, market: str, seed: int = 0) -> Workload:
+    """`wl` with its requests pinned over `fleet`'s regions (`assign_residency`): the three-site mode's workload."""
+    return replace(wl, requests=assign_residency(wl.requests, tuple(s.region for s in fleet.sites), market, seed=seed))
