@@ -8,6 +8,11 @@ window (benchmarks/lever_error.py, recorded in benchmarks/results/lever_error_*.
 `--write-margins`): a candidate clears it only when, had its error been drawn from that measurement, its
 realized gain would have been positive at least QUANTILE of the time. The scorer with a horizon and the one
 scoring one period have their own measurements (`kind`).
+
+Deferral has a direction. The spread's move holds batch work against a reference that admits it; a release is the
+reverse move (a candidate that admits what the reference holds), and its error is the error of the same pair of
+branches read the other way (`with_releases`): the model that under-predicts what a hold loses under-predicts what
+a release gains, so the hold's margin does not apply to it.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from schemas.plan import Plan
+from schemas.plan import BatchAdmission, Plan
 
 #: the recorded margins (written by benchmarks/lever_error.py --write-margins)
 MARGINS_FILE = Path(__file__).with_name("lever_margins.json")
 #: the error quantile a family's margin is (0-1)
 QUANTILE = 0.8
+#: the spread plan that holds batch work, and the name of its reverse move (admit what a reference holds)
+HOLD, RELEASE = "defer-batch", "release-batch"
 #: lever families by spread label (optimizer/lever_spread.py); a label's family is the first whose prefix matches
 FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("capacity", ("hold-fleet", "scale-out", "ceiling", "static-live")),
@@ -31,6 +38,7 @@ FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("precision", ("fp8",)),
     ("clock", ("clock",)),
     ("deferral", ("defer-batch", "admit-batch")),
+    ("release", (RELEASE,)),
     ("tokens", ("tokens",)),
 )
 
@@ -71,6 +79,21 @@ def families_moved(plan: Plan, reference: Plan) -> frozenset[str]:
     return frozenset(moved)
 
 
+def directed_families(plan: Plan, reference: Plan) -> frozenset[str]:
+    """`families_moved`, with deferral named "release" when `plan` admits batch work that `reference` holds.
+
+    >>> from schemas.plan import PoolPlan
+    >>> ref = Plan((PoolPlan("s", "m", "H100", 2, 8, 1, "bf16", 256, 1980),))
+    >>> held = replace(ref, batch_admission=BatchAdmission.HOLD)
+    >>> sorted(directed_families(held, ref)), sorted(directed_families(ref, held))
+    (['deferral'], ['release'])
+    """
+    moved = families_moved(plan, reference)
+    if "deferral" in moved and reference.batch_admission == BatchAdmission.HOLD:
+        return (moved - {"deferral"}) | {"release"}
+    return moved
+
+
 def pin_families(plan: Plan, reference: Plan, families: frozenset[str]) -> Plan:
     """`plan` with the levers of `families` set as in `reference` (the planner's ablations: what it does
     without a lever family). Pinning capacity also keeps the reference's pools (a placement moves capacity).
@@ -106,7 +129,7 @@ class LeverMargins:
         """The margin `plan` must clear against `reference` (ratio): a spread plan's own measured margin
         (label "<who>: <name>"); else the largest of the families it moves (an unmeasured family: the largest
         measured margin); 0 for a plan moving nothing."""
-        moved = families_moved(plan, reference)
+        moved = directed_families(plan, reference)
         if not moved:
             return 0.0
         name = plan.label.split(": ", 1)[-1]
@@ -116,10 +139,26 @@ class LeverMargins:
         return max(self.by_family.get(f, worst) for f in moved)
 
 
+def with_releases(rows: list[Mapping[str, object]]) -> list[Mapping[str, object]]:
+    """`rows` and, for each hold (lever HOLD), its reverse move (lever RELEASE): the same two branches with the
+    hold as the reference, so predicted and realized ratios are inverted (1 / (1 + d) - 1).
+
+    >>> rows = with_releases([{"lever": "defer-batch", "predicted": -0.2, "realized": -0.5}])
+    >>> [(r["lever"], round(float(r["predicted"]), 3), round(float(r["realized"]), 3)) for r in rows]
+    [('defer-batch', -0.2, -0.5), ('release-batch', 0.25, 1.0)]
+    """
+    def inverse(d: object) -> float:
+        return 1.0 / (1.0 + float(d)) - 1.0  # type: ignore[arg-type]
+
+    rev = [{**r, "lever": RELEASE, "predicted": inverse(r["predicted"]), "realized": inverse(r["realized"])}
+           for r in rows if r["lever"] == HOLD]
+    return [*rows, *rev]
+
+
 def margins_from_rows(rows: list[Mapping[str, object]], key: str = "family",
                       quantile: float = QUANTILE) -> dict[str, float]:
     """Per family (key "family") or spread label (key "lever"), the `quantile` of predicted minus realized
-    difference over the measured rows (ratio, >= 0).
+    difference over the measured rows and the releases they imply (`with_releases`) (ratio, >= 0).
 
     >>> rows = [{"lever": "clock-0.85", "predicted": 0.02, "realized": 0.01},
     ...         {"lever": "clock-0.7", "predicted": 0.0, "realized": 0.05}]
@@ -127,7 +166,7 @@ def margins_from_rows(rows: list[Mapping[str, object]], key: str = "family",
     ({'clock': 0.01}, {'clock-0.7': 0.0, 'clock-0.85': 0.01})
     """
     errs: dict[str, list[float]] = {}
-    for r in rows:
+    for r in with_releases(rows):
         name = family(str(r["lever"])) if key == "family" else str(r["lever"])
         if name is not None:
             errs.setdefault(name, []).append(float(r["predicted"]) - float(r["realized"]))  # type: ignore[arg-type]

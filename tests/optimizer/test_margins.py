@@ -37,3 +37,23 @@ def test_a_candidate_clears_the_margin_of_the_levers_it_moves() -> None:
     assert m.of(replace(both, label="spread: ceiling-live"), REF) == 0.03  # a spread plan's own measurement
     held = replace(REF, batch_admission=BatchAdmission.HOLD)
     assert m.of(held, REF) == 0.1  # an unmeasured family: the largest measured margin
+
+
+def test_a_release_clears_the_release_margin_not_the_holds() -> None:
+    """Admitting batch work that the reference holds is the hold's reverse move, with its own margin; holding
+    against a reference that admits keeps the hold's."""
+    m = LeverMargins({"deferral": 0.47, "release": 0.01, "clock": 0.02}, {}, "test")
+    held = replace(REF, batch_admission=BatchAdmission.HOLD)
+    assert m.of(held, REF) == 0.47 and m.of(REF, held) == 0.01
+    clocked = set_pool(REF, H100_70B, sm_clock_mhz=1500)
+    assert m.of(clocked, held) == 0.02  # a release with the clock moved: the larger of the two
+
+
+def test_the_release_margin_is_the_holds_measurement_read_the_other_way() -> None:
+    """The recorded holds imply the releases' errors: where the model under-predicts what a hold loses it
+    under-predicts what the release gains, so the release margin is below the hold's."""
+    rows = [{"lever": "defer-batch", "predicted": -0.1, "realized": q} for q in (-0.6, -0.5, -0.4, 0.05, -0.3)]
+    got = margins_from_rows(rows, quantile=1.0)
+    assert got["release"] < got["deferral"] == 0.5
+    inv = sorted((1 / 0.9 - 1) - (1 / (1 + q) - 1) for q in (-0.6, -0.5, -0.4, 0.05, -0.3))
+    assert abs(got["release"] - max(inv[-1], 0.0)) < 1e-12
