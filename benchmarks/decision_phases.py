@@ -78,7 +78,7 @@ def main() -> None:
     fleet = default_fleet(markets)
     if args.sites == "three":
         wl = with_residency(wl, fleet, args.market, seed=args.seed)
-    policy = wiring.build_policy(args.arm, workload=wl, seed=args.seed, audit=False)
+    policy = wiring.build_policy(args.arm, workload=wl, seed=args.seed, audit=False, all_sites=args.sites == "three")
     _ingest_by_kind()
     _timed(WorldState, "aggregate_period", "aggregate")
     _timed(world_adapter, "calibrate_period", "calibrate")
