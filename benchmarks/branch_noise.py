@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.wiring import build_policy
-from schemas.fleet import default_fleet
+from schemas.fleet import MARKETS, default_fleet
 from schemas.plan import Plan
 from streams.replay.branching import branch_value, null_variants
 from streams.replay.driver import RunResult, run_replay
@@ -82,7 +82,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--markets", default="PJM,ERCOT,CAISO")
+    ap.add_argument("--markets", default=",".join(MARKETS))
     ap.add_argument("--periods", type=int, default=12, help="periods of the measured hour (count)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replicates", type=int, default=4, help="noise replicates averaged (count)")

@@ -53,7 +53,7 @@ from optimizer.baselines.tuned import TunedProductionPolicy, with_clock_share, w
 from optimizer.registry import create
 from optimizer.scale_guard import ENERGY_RULES, GuardInputs, ScaleGuard, priced_target
 from schemas.cost import COST_BASES, energy_breakeven_usd_mwh
-from schemas.fleet import FleetSpec, default_fleet
+from schemas.fleet import MARKETS, FleetSpec, default_fleet
 from streams.replay import memo
 from streams.replay.branching import live_replicas, noise_shifts
 from streams.replay.driver import run_replay
@@ -300,7 +300,7 @@ def _name(setting: tuple[int, float, float, int] | tuple[int, float, float, int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--markets", default="PJM,ERCOT,CAISO")
+    ap.add_argument("--markets", default=",".join(MARKETS))
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--year", type=int, default=2023, help="the year whose default windows (or week before) fit")
     ap.add_argument("--source", choices=("week-before", "window"), default="week-before",

@@ -38,7 +38,7 @@ import numpy as np
 from optimizer.lever_spread import lever_spread
 from optimizer.margins import MARGINS_FILE, QUANTILE, margins_from_rows
 from optimizer.wiring import build_policy
-from schemas.fleet import default_fleet
+from schemas.fleet import MARKETS, default_fleet
 from schemas.plan import Plan
 from streams.replay.branching import DEFAULT_REPLICATES, branch_value, live_replicas, noise_seeds
 from streams.replay.driver import RunResult, run_replay
@@ -121,7 +121,7 @@ def write_margins(sources: dict[str, str]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--markets", default="PJM,ERCOT,CAISO")
+    ap.add_argument("--markets", default=",".join(MARKETS))
     ap.add_argument("--periods", type=int, default=12, help="periods of the measured hour (count)")
     ap.add_argument("--every", type=int, default=2, help="measure every n-th decision (count)")
     ap.add_argument("--seed", type=int, default=0)

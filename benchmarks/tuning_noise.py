@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.baselines.tuned import DEPLOYED, StaticConfig
-from schemas.fleet import default_fleet
+from schemas.fleet import MARKETS, default_fleet
 from streams.replay.tuning import AXES, DRAW_STRIDE, SLA_SLACK, measure_config, tune_on, week_before
 from streams.workload.builder import build_workload
 from worldmodel.groundtruth.runtime import Physics
@@ -94,7 +94,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--markets", default="PJM,ERCOT,CAISO")
+    ap.add_argument("--markets", default=",".join(MARKETS))
     ap.add_argument("--year", type=int, default=2023)
     ap.add_argument("--window-rule", default="max", choices=("max", "median"))
     ap.add_argument("--seeds", default="0", help="the replay jobs' workload seeds (comma-separated)")

@@ -191,6 +191,8 @@ NODE_PEAK_W: dict[GpuType, float] = {  # 8 GPUs in power-limited prefill (idle +
 #: Site power cap as a share of the whole fleet's peak: binds at maximum clock with every GPU busy.
 POWER_CAP_SHARE = 0.85
 MARKET_REGION: dict[str, str] = {"PJM": "us-east", "ERCOT": "us-central", "CAISO": "us-west"}
+#: the bundled markets, in the order replays and data builds run them
+MARKETS: tuple[str, ...] = tuple(MARKET_REGION)
 
 
 def default_site(market: str, h100_nodes: int = 8, a100_nodes: int = 8) -> Site:
@@ -209,7 +211,7 @@ def default_site(market: str, h100_nodes: int = 8, a100_nodes: int = 8) -> Site:
     )
 
 
-def default_fleet(markets: tuple[str, ...] = ("PJM", "ERCOT", "CAISO")) -> FleetSpec:
+def default_fleet(markets: tuple[str, ...] = MARKETS) -> FleetSpec:
     """One default site per market (README documents the layout)."""
     return FleetSpec(sites=tuple(default_site(m) for m in markets))
 

@@ -9,9 +9,8 @@ import os
 import sys
 
 from schemas.cost import COST_BASES
+from schemas.fleet import MARKETS
 from schemas.kafka_client import EXIT_CONFIG, EXIT_UNAVAILABLE, KafkaSettingsError, KafkaUnavailable
-
-MARKETS = ("PJM", "ERCOT", "CAISO")
 
 
 def _window_flags(p: argparse.ArgumentParser) -> None:

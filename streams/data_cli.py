@@ -11,14 +11,13 @@ from pathlib import Path
 
 import polars as pl
 
+from schemas.fleet import MARKETS
 from schemas.protocol import PROTOCOL_V1
 from streams.datasets.paths import data_dir
 from streams.datasets.prices import available_years, load_prices, price_gaps
 from streams.datasets.servegen import SLOT_S, load_rate_shape, shape_clients
 from streams.datasets.traces import load_azure, load_mooncake
 from streams.workload.builder import build_workload
-
-MARKETS = ("PJM", "ERCOT", "CAISO")
 
 
 @dataclass(frozen=True)

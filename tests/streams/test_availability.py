@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from schemas.availability import arrival_records, published_at, published_at_expr, visible
+from schemas.fleet import MARKETS
 from streams.datasets.prices import load_prices
 from streams.workload.builder import build_workload
 
@@ -50,7 +51,7 @@ def test_operating_day_is_market_local():
     assert published_at("ERCOT", datetime(2023, 7, 10, 5, tzinfo=UTC)) == datetime(2023, 7, 9, 18, tzinfo=UTC)
 
 
-@pytest.mark.parametrize("market", ["PJM", "ERCOT", "CAISO"])
+@pytest.mark.parametrize("market", MARKETS)
 def test_scalar_and_vectorized_rules_agree(market):
     df = load_prices(market, [2023])
     got = df.select(published_at_expr(market).alias("p"))["p"]

@@ -12,13 +12,12 @@ import numpy as np
 import polars as pl
 import pytest
 
+from schemas.fleet import MARKETS
 from streams.cli import main
 from streams.datasets import paths
 from streams.datasets.prices import PRICE_SCHEMA, _read_file, load_prices, price_gaps
 from streams.datasets.servegen import aligned_rate, load_rate_shape, shape_clients
 from streams.datasets.traces import load_azure, load_mooncake
-
-MARKETS = ("PJM", "ERCOT", "CAISO")
 
 
 def test_data_dir_default_and_override(tmp_path, monkeypatch):

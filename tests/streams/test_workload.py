@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from schemas.fleet import MARKETS
 from schemas.protocol import PROTOCOL_V1
 from streams.cli import main
 from streams.datasets.prices import load_prices
@@ -18,8 +19,6 @@ from streams.datasets.traces import load_azure, load_mooncake
 from streams.workload.builder import REGIONS, REQUEST_SCHEMA, build_workload
 from streams.workload.rate import RateProfile
 from streams.workload.window import run_means, select_window
-
-MARKETS = ("PJM", "ERCOT", "CAISO")
 
 
 def _digest(df: pl.DataFrame) -> str:
