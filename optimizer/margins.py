@@ -37,7 +37,7 @@ FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("batch", ("batch",)),
     ("precision", ("fp8",)),
     ("clock", ("clock",)),
-    ("deferral", ("defer-batch", "admit-batch")),
+    ("deferral", (HOLD, "admit-batch")),
     ("release", (RELEASE,)),
     ("tokens", ("tokens",)),
 )
