@@ -8,6 +8,9 @@
    each, step while a step beats the current plan by more than `min_gain` (relative), then move on. Stages
    add coordinates (clock, batch, precision -> capacity, admission -> routing); when a stage improved, one
    more cycle over every coordinate so far runs. Stop when that is done or the evaluation budget is spent.
+   A lever with a step gain of its own (`SearchConfig.step_gain`) steps only on a gain above it, and a plan
+   one of its steps first reached with less is not ranked: the step is within the model's error for that
+   lever (the planner sets the precision margin: a switch reloads, and switches inside it flapped).
 
 The budget is min(max_evals, floor(grid_share x audit grid size)), so the search never uses more than
 10% of the audit grid's evaluations by construction.
@@ -16,8 +19,8 @@ The budget is min(max_evals, floor(grid_share x audit grid size)), so the search
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from optimizer.fallback import Scored
 from optimizer.levers import LeverSpace, neighbours, plan_key
@@ -42,6 +45,7 @@ class SearchConfig:
     grid_share: float = 0.10
     expand: bool = True
     stages: tuple[tuple[str, ...], ...] = LEVER_STAGES
+    step_gain: Mapping[str, float] = field(default_factory=dict)
 
     def budget(self, grid_size: int) -> int:
         """Evaluations allowed (count), given the audit grid's size (count)."""
@@ -113,39 +117,47 @@ def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: L
     if _clear(ranked, cfg.close_margin):
         return SearchResult(tuple(ranked), len(seen), "clear", 0)
     stages_run = 0
+    unearned: set[tuple[object, ...]] = set()  # plans first reached by a step short of its lever's step gain
     for start in ranked[: cfg.top_k]:
         current, so_far = start, ()
         for levers in cfg.stages:
             stages_run += 1
             so_far = (*so_far, *levers)
             before = current
-            current = _cycle(current, levers, space, run, seen, cfg.min_gain)
+            current = _cycle(current, levers, space, run, seen, cfg, unearned)
             if current is not before and len(so_far) > len(levers):
-                current = _cycle(current, so_far, space, run, seen, cfg.min_gain)
+                current = _cycle(current, so_far, space, run, seen, cfg, unearned)
             if len(seen) >= budget:
                 break
     reason = "budget" if len(seen) >= budget else "converged"
-    return SearchResult(tuple(rank(list(seen.values()), reference)), len(seen), reason, stages_run)
+    ranked = rank([s for k, s in seen.items() if k not in unearned], reference)
+    return SearchResult(tuple(ranked), len(seen), reason, stages_run)
 
 
 def _cycle(current: Scored, levers: tuple[str, ...], space: LeverSpace, run: Callable[[Plan], bool],
-           seen: dict[tuple[object, ...], Scored], min_gain: float) -> Scored:
-    """One pass of coordinate ascent over `levers`: plan-wide coordinates, then each pool's."""
+           seen: dict[tuple[object, ...], Scored], cfg: SearchConfig, unearned: set[tuple[object, ...]]) -> Scored:
+    """One pass of coordinate ascent over `levers`: plan-wide coordinates, then each pool's; a plan a step
+    first reaches with a gain above min_gain but not above its lever's step gain joins `unearned`."""
     coords: list[tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]] = [
         ((lv,), ()) for lv in levers if lv in PLAN_WIDE]
     coords += [((lv,), (p.key,)) for p in current.plan.pools for lv in levers if lv not in PLAN_WIDE]
     for lv, pools in coords:
+        gain = cfg.step_gain.get(lv[0], cfg.min_gain)
         improved = True
         while improved:
             improved = False
             for move, plan in neighbours(current.plan, space, lv, pools):
                 plan = replace(plan, label=f"{current.plan.label} > {move}")
-                if not run(plan) and plan_key(plan) not in seen:
+                k = plan_key(plan)
+                new = run(plan)
+                if not new and k not in seen:
                     return current  # budget spent
-                s = seen[plan_key(plan)]
-                if _better(s, current, min_gain):
+                s = seen[k]
+                if _better(s, current, gain):
                     current, improved = s, True
                     break
+                if new and _better(s, current, cfg.min_gain):
+                    unearned.add(k)
     return current
 
 

@@ -107,3 +107,22 @@ def test_a_tie_keeps_the_lever_the_model_sees_no_value_in_where_the_reference_ha
     cfg = SearchConfig(expand=False)
     assert search([moved, REF], flat, SPACE, cfg, 600, REF).best.plan.label == REF.label
     assert search([moved, REF], flat, SPACE, cfg, 600).best.plan.label == "immediate"  # evaluation order alone
+
+
+def test_a_precision_step_inside_the_precision_margin_is_not_taken():
+    """fp8 scores +3 on about 100 (known_score): a step worth 3 % is taken under the default 1e-4 step gain, not
+    when precision steps must gain 5 % (the planner sets it to the precision margin: a switch reloads, and a step
+    inside the model's error on switches flapped precision); the other levers still climb to their optimum."""
+    assert REF.pool(*KEY).precision == "bf16"
+    start = [replace(REF, label="reference"), replace(set_pool(REF, KEY, max_batch=64), label="far")]
+    for step_gain, precision in (({}, "fp8"), ({"precision": 0.05}, "bf16"), ({"precision": 0.02}, "fp8")):
+        cfg = SearchConfig(close_margin=0.5, step_gain=step_gain)
+        best = search(start, scorer([]), SPACE, cfg, grid_size(REF, SPACE)).best.plan.pool(*KEY)
+        assert (best.precision, best.sm_clock_mhz, best.max_batch) == (precision, 1545, 384), step_gain
+
+
+def test_the_planner_steps_precision_by_its_measured_margin():
+    from optimizer.aurelius import AureliusPolicy
+    from optimizer.margins import load_margins
+
+    assert AureliusPolicy().search_config.step_gain == {"precision": load_margins("one_period").by_family["precision"]}
