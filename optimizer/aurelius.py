@@ -457,7 +457,7 @@ class AureliusPolicy(Policy):
         else:
             cands = self._candidates(as_of, forecasts, ref_plan, space, serving, schedule)
             cands[1:1] = [replace(p, label=f"reference:{p.label}") for p in other_refs]
-            result = search(cands, score, space, self.search_config, n_grid, ref_plan)
+            result = search(cands, score, space, self.search_config, n_grid, ref_plan, self._previous)
             fixed = self.gate_config.pareto_min_gain
             margin = fixed if fixed is not None else (lambda p, r=reference.plan: self.margins.of(p, r))
             decision = decide(result.ranked, reference, objective, self.gate_config.pareto_tolerance_pp, margin)
@@ -607,10 +607,11 @@ def _future_price_ratio(forecasts: tuple[DisturbanceForecast, ...], risk_aversio
 
 
 def _search_config(mode: str, margins: LeverMargins) -> SearchConfig:
-    """The search settings of an arm. A precision step must beat the plan it leaves by the precision margin (the
-    model's measured error on a precision switch): a switch costs a reload (335 s measured for a 70B replica, the
-    model's prior 100 s) and again when reversed, and steps inside that error flapped the drain's precision
-    (PJM 2023, seed 0: 10 switches in 12 decisions at 27293ea, 16.6 % of gp/$ against the arm without them)."""
+    """The search settings of an arm. A precision switch, a coordinate step or a generated candidate, must beat the
+    same plan without it by the precision margin (the model's measured error on a precision switch): a switch
+    costs a reload (335 s measured for a 70B replica, the model's prior 100 s) and again when reversed, and
+    switches inside that error flapped the drain's precision (PJM 2023 seed 0 at 27293ea: 10 switches in 12
+    decisions; the arm without the planner's precision made 16.6 % more gp/$)."""
     step = SearchConfig(step_gain={"precision": margins.by_family["precision"]})
     if mode == "clock-only":
         return replace(step, stages=(("clock",),))

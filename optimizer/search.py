@@ -10,7 +10,9 @@
    more cycle over every coordinate so far runs. Stop when that is done or the evaluation budget is spent.
    A lever with a step gain of its own (`SearchConfig.step_gain`) steps only on a gain above it, and a plan
    one of its steps first reached with less is not ranked: the step is within the model's error for that
-   lever (the planner sets the precision margin: a switch reloads, and switches inside it flapped).
+   lever (the planner sets the precision margin: a switch reloads, and switches inside it flapped). With a
+   precision step gain and the plan in force given, a generated candidate that switches precision is scored
+   beside its twin at the precision in force and ranked only if it beats the twin by that gain.
 
 The budget is min(max_evals, floor(grid_share x audit grid size)), so the search never uses more than
 10% of the audit grid's evaluations by construction.
@@ -87,7 +89,8 @@ def rank(scored: Sequence[Scored], reference: Plan | None = None) -> list[Scored
 
 
 def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: LeverSpace,
-           cfg: SearchConfig, grid_size: int, reference: Plan | None = None) -> SearchResult:
+           cfg: SearchConfig, grid_size: int, reference: Plan | None = None,
+           in_force: Plan | None = None) -> SearchResult:
     """Run the bounded coupled search (module docstring).
 
     Parameters
@@ -98,6 +101,8 @@ def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: L
     cfg : search settings.
     grid_size : the audit grid's size (count); caps the budget at cfg.grid_share of it.
     reference : the plan ties are broken towards (`rank`); None: evaluation order alone.
+    in_force : the plan in force; with a precision step gain, a candidate switching precision from it is scored
+        beside its twin at the precision in force and not ranked unless it beats the twin by that gain.
     """
     budget = cfg.budget(grid_size)
     seen: dict[tuple[object, ...], Scored] = {}
@@ -111,13 +116,18 @@ def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: L
 
     for c in candidates:
         run(c)
-    ranked = rank(list(seen.values()), reference)
+    unearned: set[tuple[object, ...]] = set()  # plans whose precision switch is short of its step gain
+    gain = cfg.step_gain.get("precision")
+    for c in list(seen.values()) if gain is not None and in_force is not None else ():
+        twin = _without_switch(c.plan, in_force)
+        if twin is not None and (run(twin) or plan_key(twin) in seen) and not _better(c, seen[plan_key(twin)], gain):
+            unearned.add(plan_key(c.plan))
+    ranked = rank([s for k, s in seen.items() if k not in unearned], reference)
     if not cfg.expand:
         return SearchResult(tuple(ranked), len(seen), "no-expand", 0)
     if _clear(ranked, cfg.close_margin):
         return SearchResult(tuple(ranked), len(seen), "clear", 0)
     stages_run = 0
-    unearned: set[tuple[object, ...]] = set()  # plans first reached by a step short of its lever's step gain
     for start in ranked[: cfg.top_k]:
         current, so_far = start, ()
         for levers in cfg.stages:
@@ -159,6 +169,17 @@ def _cycle(current: Scored, levers: tuple[str, ...], space: LeverSpace, run: Cal
                 if new and _better(s, current, cfg.min_gain):
                     unearned.add(k)
     return current
+
+
+def _without_switch(plan: Plan, in_force: Plan) -> Plan | None:
+    """`plan` with every pool's weights and KV dtype as `in_force` has them (no reload); None when it switches none."""
+    was = {p.key: p for p in in_force.pools}
+    pools = tuple(replace(p, precision=was[p.key].precision, kv_dtype=was[p.key].kv_dtype)
+                  if p.key in was and (p.precision, p.kv_dtype) != (was[p.key].precision, was[p.key].kv_dtype) else p
+                  for p in plan.pools)  # fmt: skip
+    if pools == plan.pools:
+        return None
+    return replace(plan.with_pools(pools), label=f"{plan.label} at the precision in force")
 
 
 def _better(a: Scored, b: Scored, min_gain: float) -> bool:

@@ -126,3 +126,15 @@ def test_the_planner_steps_precision_by_its_measured_margin():
     from optimizer.margins import load_margins
 
     assert AureliusPolicy().search_config.step_gain == {"precision": load_margins("one_period").by_family["precision"]}
+
+
+def test_a_candidate_switching_precision_must_beat_its_twin_at_the_precision_in_force():
+    """A generated plan at fp8 (in force: bf16) is scored beside the same plan at bf16, which reloads nothing: worth
+    3 % more, it is not ranked when precision steps must gain 5 %, and is when they must gain 2 %."""
+    good = replace(set_pool(REF, KEY, sm_clock_mhz=1545, max_batch=384, precision="fp8", kv_dtype="fp8"), label="fp8")
+    for step_gain, best in (({"precision": 0.05}, "fp8 at the precision in force"), ({"precision": 0.02}, "fp8")):
+        cfg = SearchConfig(expand=False, step_gain=step_gain)
+        res = search([good, REF], scorer([]), SPACE, cfg, 600, REF, in_force=REF)
+        assert res.evaluations == 3 and res.best.plan.label == best, step_gain
+        assert res.best.plan.pool(*KEY).kv_dtype == ("fp8" if best == "fp8" else REF.pool(*KEY).kv_dtype)
+    assert search([good, REF], scorer([]), SPACE, cfg, 600, REF).evaluations == 2  # nothing in force: no twin
