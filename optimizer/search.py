@@ -114,15 +114,23 @@ def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: L
         seen[k] = score(plan)
         return True
 
+    unearned: set[tuple[object, ...]] = set()  # plans whose precision switch is short of its step gain
+
+    def ranked_now() -> list[Scored]:
+        return rank([s for k, s in seen.items() if k not in unearned], reference)
+
     for c in candidates:
         run(c)
-    unearned: set[tuple[object, ...]] = set()  # plans whose precision switch is short of its step gain
     gain = cfg.step_gain.get("precision")
     for c in list(seen.values()) if gain is not None and in_force is not None else ():
         twin = _without_switch(c.plan, in_force)
-        if twin is not None and (run(twin) or plan_key(twin) in seen) and not _better(c, seen[plan_key(twin)], gain):
+        if twin is None:
+            continue
+        run(twin)
+        t = seen.get(plan_key(twin))
+        if t is not None and not _better(c, t, gain):
             unearned.add(plan_key(c.plan))
-    ranked = rank([s for k, s in seen.items() if k not in unearned], reference)
+    ranked = ranked_now()
     if not cfg.expand:
         return SearchResult(tuple(ranked), len(seen), "no-expand", 0)
     if _clear(ranked, cfg.close_margin):
@@ -140,8 +148,7 @@ def search(candidates: Sequence[Plan], score: Callable[[Plan], Scored], space: L
             if len(seen) >= budget:
                 break
     reason = "budget" if len(seen) >= budget else "converged"
-    ranked = rank([s for k, s in seen.items() if k not in unearned], reference)
-    return SearchResult(tuple(ranked), len(seen), reason, stages_run)
+    return SearchResult(tuple(ranked_now()), len(seen), reason, stages_run)
 
 
 def _cycle(current: Scored, levers: tuple[str, ...], space: LeverSpace, run: Callable[[Plan], bool],

@@ -8,8 +8,10 @@ import pytest
 from opt_fakes import FLEET, reference_plan
 
 from optimizer.audit_grid import audit_grid, grid_size, regret, run_audit
+from optimizer.aurelius import AureliusPolicy
 from optimizer.fallback import Scored
 from optimizer.levers import lever_space, plan_key, set_pool
+from optimizer.margins import load_margins
 from optimizer.search import SearchConfig, search
 from schemas.forecast import PredictedOutcome
 
@@ -122,9 +124,6 @@ def test_a_precision_step_inside_the_precision_margin_is_not_taken():
 
 
 def test_the_planner_steps_precision_by_its_measured_margin():
-    from optimizer.aurelius import AureliusPolicy
-    from optimizer.margins import load_margins
-
     assert AureliusPolicy().search_config.step_gain == {"precision": load_margins("one_period").by_family["precision"]}
 
 
