@@ -649,14 +649,17 @@ def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
 def _hindsight_flags(market: dict[str, Any]) -> None:
     """A market's hindsight verdict (valid when hindsight >= every arm in gp/$ in each seed's run) and each
     non-reference arm's share of the headroom on the hindsight's cost basis: its gain over the strongest
-    reference / the hindsight arm's (None when the hindsight arm found no gain)."""
+    reference / the hindsight arm's (None when the hindsight arm found no gain), over the seeds' means
+    (`captured`) and in each seed's run against that seed's strongest reference (`captured_by_seed`, keyed by
+    seed; None where the arm found no gain there or the seed is invalid)."""
     h = market["policies"].get(HINDSIGHT)
     if h is None:
         return
     checks = [s["hindsight"]["check"] for s in h["by_seed"]]
+    invalid = [s["seed"] for s, c in zip(h["by_seed"], checks, strict=True) if not c["valid"]]
     market["hindsight"] = {
         "valid": all(c["valid"] for c in checks),
-        "invalid_seeds": [s["seed"] for s, c in zip(h["by_seed"], checks, strict=True) if not c["valid"]],
+        "invalid_seeds": invalid,
         "beaten_by": sorted({n for c in checks for n in c["beaten_by"]}),
     }
     gains = market.get("gain_vs_strongest", {})
@@ -667,6 +670,35 @@ def _hindsight_flags(market: dict[str, Any]) -> None:
         market["hindsight"]["captured"] = {
             n: (g[basis] / room if room > 0 else None) for n, g in gains.items() if n != HINDSIGHT
         }
+        market["hindsight"]["captured_by_seed"] = _captured_by_seed(market["policies"], BASES[basis], set(invalid))
+
+
+def _captured_by_seed(pol: dict[str, Any], key: str, invalid: set[int]) -> dict[str, dict[str, float | None]]:
+    """Per arm (not a reference, not the hindsight arm) and seed: (arm - strongest reference) / (hindsight -
+    strongest reference) in gp/$ on `key`, the strongest reference that seed's; None where the hindsight arm
+    found no gain over it or the seed is in `invalid`.
+
+    >>> pol = {"production": {"by_seed": [{"seed": 0, "gp_per_dollar": 100.0}, {"seed": 1, "gp_per_dollar": 90.0}]},
+    ...        "hindsight": {"by_seed": [{"seed": 0, "gp_per_dollar": 150.0}, {"seed": 1, "gp_per_dollar": 80.0}]},
+    ...        "aurelius": {"by_seed": [{"seed": 0, "gp_per_dollar": 120.0}, {"seed": 1, "gp_per_dollar": 95.0}]}}
+    >>> _captured_by_seed(pol, "gp_per_dollar", set())
+    {'aurelius': {'0': 0.4, '1': None}}
+    """
+    refs = [r for r in REFERENCE_POLICIES if r in pol]
+    if not refs:  # no reference run to read a seed's share against
+        return {}
+    seeds = {name: {s["seed"]: s[key] for s in p["by_seed"]} for name, p in pol.items()}
+    out: dict[str, dict[str, float | None]] = {}
+    for name, by_seed in seeds.items():
+        if name in refs or name == HINDSIGHT:
+            continue
+        shares: dict[str, float | None] = {}
+        for seed, got in sorted(by_seed.items()):
+            ref = max(seeds[r][seed] for r in refs)
+            room = seeds[HINDSIGHT][seed] - ref
+            shares[str(seed)] = (got - ref) / room if room > 0 and seed not in invalid else None
+        out[name] = shares
+    return out
 
 
 def _oracle_gap(market: dict[str, Any]) -> None:
@@ -804,4 +836,7 @@ def print_tables(results: dict[str, Any], basis: str) -> None:
             print(f"* hindsight: an oracle on ground-truth branches, not deployable; the window's headroom; {verdict}")
             for name, share in h.get("captured", {}).items():
                 if share is not None:
-                    print(f"  headroom captured ({h['headroom']['cost_basis']}) by {name}: {share:.0%}")
+                    per_seed = h.get("captured_by_seed", {}).get(name, {})
+                    seeds = ", ".join(f"seed {k} {'-' if v is None else f'{v:.0%}'}" for k, v in per_seed.items())
+                    print(f"  headroom captured ({h['headroom']['cost_basis']}) by {name}: {share:.0%}"
+                          + (f" ({seeds})" if len(per_seed) > 1 else ""))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -452,3 +453,26 @@ def test_headroom_captured_is_the_arms_share_of_the_hindsight_gain() -> None:
     market["gain_vs_strongest"][HINDSIGHT]["rented"] = 0.0  # no headroom found: no share
     _hindsight_flags(market)
     assert market["hindsight"]["captured"]["aurelius"] is None
+
+
+def test_headroom_captured_per_seed_against_that_seeds_strongest_reference() -> None:
+    """Each seed's share is read against the reference strongest in that seed's run; a seed whose hindsight arm
+    an arm beats (invalid) or that found no gain has none."""
+
+    def runs(*gp: float) -> dict[str, Any]:
+        return {"by_seed": [{"seed": s, "gp_per_dollar": g} for s, g in enumerate(gp)]}
+
+    h = runs(150.0, 130.0, 100.0)
+    h["by_seed"][0]["hindsight"] = h["by_seed"][1]["hindsight"] = {"check": {"valid": True, "beaten_by": []}}
+    h["by_seed"][2]["hindsight"] = {"check": {"valid": False, "beaten_by": ["aurelius"]}}
+    h["hindsight"] = {"cost_basis": "rented"}
+    market = {
+        "policies": {"production": runs(100.0, 90.0, 80.0), "production-tuned": runs(90.0, 110.0, 80.0),
+                     "aurelius": runs(120.0, 115.0, 105.0), HINDSIGHT: h},
+        "gain_vs_strongest": {"aurelius": {"rented": 0.1, "owned": 0.0}, HINDSIGHT: {"rented": 0.2, "owned": 0.0}},
+    }  # fmt: skip
+    _hindsight_flags(market)
+    # seed 0 against production (100): 20 / 50; seed 1 against production-tuned (110): 5 / 20; seed 2 invalid
+    assert market["hindsight"]["captured_by_seed"] == {"aurelius": {"0": pytest.approx(0.4), "1": pytest.approx(0.25),
+                                                                    "2": None}}
+    assert market["hindsight"]["invalid_seeds"] == [2]
