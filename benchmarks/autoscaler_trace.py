@@ -5,9 +5,10 @@ the runtime (`SiteRuntime.fork`: the run itself is left as it was), and prints, 
 period, per pool: warm and loading replicas, sequences running, the replicas' summed prefill share and KV use
 (the autoscaler's utilization inputs, worldmodel/groundtruth/scaler.py), and per model the interactive queue and
 the deferrable queue (requests). It is how the first in-window period's chat loss of the default PJM window was
-traced (docs/optimizer.md "What the first period loses"): the 70B H100 pool of production-tuned's plan (fp8, the
-engine's batch cap of 1,024 sequences) held 10 prewarmed replicas at 9% of its batch slots, the autoscaler let 9
-go at once when the plan's floor fell to 1, and the one left filled its 1,024 slots while chat queued behind it.
+traced (docs/optimizer.md "What the first in-window period loses"): the 70B H100 pool of production-tuned's plan
+(fp8, the engine's batch cap of 1,024 sequences) held 10 prewarmed replicas at 0.9% of their batch slots, the
+autoscaler let 9 go at once when the plan's floor fell to 1, and the one left filled its 1,024 slots while chat
+queued behind it.
 
     python benchmarks/autoscaler_trace.py --market PJM --policy production-tuned --period 1 \
         --out benchmarks/results/autoscaler_trace_pjm_seed0_period1_production_tuned.json
@@ -32,6 +33,7 @@ from streams.replay.tuning import lead_in_fleet, tune_static
 from streams.workload.builder import build_workload
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.runtime import Physics, SiteRuntime
+from worldmodel.snapshot import pool_name
 
 PERIOD_S = 300.0
 
@@ -46,11 +48,11 @@ def sample(rt: SiteRuntime) -> dict[str, Any]:
     the interactive and the deferrable queue (requests)."""
     rep, q = rt.rep, rt.q
     pools: dict[str, Any] = {}
-    for p, (site, model, gpu) in enumerate(rt.pool_keys):
+    for p, key in enumerate(rt.pool_keys):
         mine = rep.pool == p
         warm = mine & (rep.state == st.WARM)
         kv_cap = float(np.sum(rep.coef[warm, st.C_KVCAP]))
-        pools[f"{site}/{model}/{gpu}"] = {
+        pools[pool_name(key)] = {
             "warm": int(np.sum(warm)),
             "loading": int(np.sum(mine & (rep.state == st.LOADING))),
             "running": int(np.sum(rep.n[warm])),
@@ -75,7 +77,7 @@ def trace(market: str, policy_name: str, period: int, *, seed: int, step_s: floa
     out: dict[str, Any] = {"market": market, "policy": policy_name, "seed": seed, "period": period}
 
     def pools_of(plan: Plan) -> list[dict[str, Any]]:
-        return [{"pool": f"{p.site}/{p.model}/{p.gpu}", "floor": p.replica_floor, "ceiling": p.replica_ceiling,
+        return [{"pool": pool_name(p.key), "floor": p.replica_floor, "ceiling": p.replica_ceiling,
                  "precision": p.precision, "max_batch": p.max_batch} for p in plan.pools]  # fmt: skip
 
     def intercept(k: int, run: RunResult, plan: Plan) -> Plan:
