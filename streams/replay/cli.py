@@ -442,7 +442,9 @@ def run_job(job: Job, args: argparse.Namespace, bar: Any = None) -> list[Outcome
         summary.update(_decision_stats(res, args.period_minutes * 60.0))
         summaries[HINDSIGHT] = summary
         summary["hindsight"] = {"oracle": True, "deployable": False, **settings.describe(), "g_star": gstar,
-                                "lead": lead, "check": hindsight_check(summaries, args.cost_basis),
+                                "lead": lead, "drain": "branched as the window's periods are, on the requests "
+                                "open at each fork (before 2026-12-05: the lead's plans replayed)",
+                                "check": hindsight_check(summaries, args.cost_basis),
                                 "choices": choices}  # fmt: skip
         outcomes.append(Outcome(HINDSIGHT, summary, _frames(res, job.key), [], window))
     return outcomes

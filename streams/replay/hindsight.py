@@ -1,9 +1,11 @@
 """The hindsight arm and the realized-regret audit, both on counterfactual branches of the ground truth
 (streams/replay/branching.py; definitions in docs/metrics.md "Counterfactual branching").
 
-- `run_hindsight`: at each period of the window, branch K >= 16 plans (the references' and the lead run's plans
-  for that period, the previous committed plan, a spread over the levers around the lead's), commit the one of
-  best value among those whose per-class violation rate stays within the lead's branch + 0.1 pp, go on. The
+- `run_hindsight`: at each period, the drain's included, branch K >= 16 plans (the references' and the lead run's
+  plans for that period, the previous committed plan, a spread over the levers around the lead's), commit the one
+  of best value among those whose per-class violation rate stays within the lead's branch + 0.1 pp, go on. In the
+  drain the branches' set is the backlog the arm carries (the requests open at the fork), so its drain is planned
+  on its own state, not replayed from its lead's. The
   lead is the strongest run of the job (a replayed arm included), so the arm searches around the best plans
   known and its headroom is measured from them. It reads the realized
   future through the simulator: an oracle, never a deployable policy. It is not in the policy registry and
@@ -127,7 +129,7 @@ class _Context:
 
 
 class _Replayed(Policy):
-    """A run's plans again, period by period (the hindsight arm's start and drain)."""
+    """A run's plans again, period by period (the hindsight arm's start; the plan its intercept replaces)."""
 
     name = HINDSIGHT
 
@@ -160,7 +162,8 @@ def run_hindsight(
     choices. Period 0 is the start plan of run `start_from` in `references` (the lead: the job's strongest run,
     the fleet and engine configuration it starts the window with); every period's branches spread around the
     lead's plan, continue under its plans, and are gated against its branch (+0.1 pp per class); after the last
-    arrival's period (the drain) it runs on under its plans. replay: further run_replay arguments (window_s,
+    arrival's period (the drain) it branches the same way, its set the requests still open (`drain` in a choice).
+    replay: further run_replay arguments (window_s,
     grace_s), as the references were run."""
     if CONTINUATION not in references:
         raise ValueError("the hindsight arm needs the production reference's run (its continuation)")
@@ -170,8 +173,6 @@ def run_hindsight(
     choices: list[dict[str, Any]] = []
 
     def intercept(k: int, run: RunResult, plan: Plan) -> Plan:
-        if k >= arrival_periods(run.runtime.req.arrival, period_s):  # the drain: nothing arrives any more
-            return _plan_at(lead, k)
         t = time.perf_counter()
         plans = ctx.plans(run, k)
         cmp = compare(run, plans, ctx.continuation(k), k * period_s, period_s, settings.H, gstar,
@@ -179,7 +180,8 @@ def run_hindsight(
                       cost=settings.cost, basis=settings.basis, replicates=settings.replicates)  # fmt: skip
         label, best = cmp.best(gate=f"ref:{start_from}")
         choices.append({
-            "period": k, "chosen": label, "value": best.value, "gp_per_dollar": best.gp_per_dollar,
+            "period": k, "drain": k >= arrival_periods(run.runtime.req.arrival, period_s), "chosen": label,
+            "value": best.value, "gp_per_dollar": best.gp_per_dollar, "requests": best.requests,
             "lead_value": cmp.full[f"ref:{start_from}"].value, "candidates": len(plans),
             "full": sorted(cmp.full), "wall_s": time.perf_counter() - t,
         })  # fmt: skip
