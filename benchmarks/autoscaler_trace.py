@@ -28,8 +28,8 @@ import numpy as np
 from optimizer.wiring import build_policy
 from schemas.fleet import MARKETS, default_fleet
 from schemas.plan import Plan
+from streams.replay import memo
 from streams.replay.driver import RunResult, run_replay
-from streams.replay.tuning import lead_in_fleet, tune_static
 from streams.workload.builder import build_workload
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.runtime import Physics, SiteRuntime
@@ -71,8 +71,8 @@ def trace(market: str, policy_name: str, period: int, *, seed: int, step_s: floa
     fleet = default_fleet()
     wl = build_workload(market, 2023, rule="max", seed=seed)
     start = wl.window.start
-    tuning = tune_static(market, start, fleet, seed=seed, physics=physics)
-    initial = lead_in_fleet(market, start, fleet, seed=seed, physics=physics)
+    tuning = memo.tuning(market, start, fleet, seed=seed, physics=physics)  # the replay's cache entries
+    initial = memo.lead_in(market, start, fleet, seed=seed, physics=physics)
     policy = build_policy(policy_name, wl, seed, period_s=PERIOD_S, tuned=tuning.config, clock=tuning.clock)
     out: dict[str, Any] = {"market": market, "policy": policy_name, "seed": seed, "period": period}
 

@@ -58,7 +58,7 @@ from streams.replay import memo
 from streams.replay.branching import live_replicas, noise_shifts
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
-from streams.replay.tuning import TUNE_DRAWS, Tuning, lead_in_fleet, tune_static, week_before
+from streams.replay.tuning import Tuning, lead_in_fleet, week_before
 from streams.workload.builder import Workload, build_workload
 from streams.workload.residency import with_residency
 from worldmodel.groundtruth.runtime import Physics
@@ -191,12 +191,10 @@ def job_fleet(market: str, all_sites: bool) -> FleetSpec:
 
 
 def searched(market: str, window_start: Any, seed: int, physics: Physics, all_sites: bool = False) -> Tuning:
-    """The week-before search of the replay's job (`tune_static` with the replay's defaults), from the replay's cache
-    where it measured it (streams/replay/memo.py, the same key as `aurelius replay`'s)."""
-    inputs = {"market": market, "window_start": window_start, "fleet": job_fleet(market, all_sites), "seed": seed,
-              "physics": physics, "period_minutes": 5.0, "draws": TUNE_DRAWS, "all_sites": all_sites}
-    return memo.remembered(memo.key("tune", **inputs), lambda: tune_static(**inputs), memo.dump_tuning,
-                           memo.load_tuning)  # fmt: skip
+    """The week-before search of the replay's job (`memo.tuning` with the replay's defaults: the same cache entry
+    as `aurelius replay`'s)."""
+    return memo.tuning(market, window_start, job_fleet(market, all_sites), seed=seed, physics=physics,
+                       all_sites=all_sites)
 
 
 def _label(market: str, rule: str, all_sites: bool) -> str:

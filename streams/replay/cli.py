@@ -54,7 +54,7 @@ from streams.replay.hindsight import (
 )
 from streams.replay.metrics import PROVENANCE, per_period, request_outcomes, summarize
 from streams.replay.ruler import ruler_record
-from streams.replay.tuning import TUNE_DRAWS, Tuning, lead_in_fleet, tune_static
+from streams.replay.tuning import TUNE_DRAWS, Tuning
 from streams.replay.warmup import COMPILE_ESTIMATE_S, compile_simulator, compiled
 from streams.workload.builder import Workload, build_workload
 from streams.workload.residency import with_residency
@@ -293,26 +293,16 @@ def _tune_task(job: Job, args: argparse.Namespace) -> Tuning:
 
 
 def _lead(job: Job, args: argparse.Namespace, start: datetime) -> dict[tuple[str, str, str], int]:
-    """The fleet at the window's start (`lead_in_fleet`), from the cache where an earlier run measured it
-    (`_cached`)."""
-    return _cached(args, "lead", lead_in_fleet, memo.dump_fleet, memo.load_fleet, market=job.market, window_start=start,
-                   fleet=default_fleet(tuple(_csv(args.markets))), seed=job.seed, physics=_physics(args),
-                   all_sites=job.all_sites)  # fmt: skip
+    """The fleet at the window's start (`memo.lead_in`: from the cache where an earlier run measured it)."""
+    return memo.lead_in(job.market, start, default_fleet(tuple(_csv(args.markets))), seed=job.seed,
+                        physics=_physics(args), all_sites=job.all_sites, cached=not getattr(args, "no_cache", False))
 
 
 def _tune(job: Job, args: argparse.Namespace, start: datetime) -> Tuning:
-    """The week-before search (`tune_static`), from the cache where an earlier run measured it (`_cached`)."""
-    return _cached(args, "tune", tune_static, memo.dump_tuning, memo.load_tuning, market=job.market, window_start=start,
-                   fleet=default_fleet(tuple(_csv(args.markets))), seed=job.seed, physics=_physics(args),
-                   period_minutes=args.period_minutes, draws=_draws(args), all_sites=job.all_sites)  # fmt: skip
-
-
-def _cached(args: argparse.Namespace, kind: str, compute: Any, dump: Any, load: Any, **inputs: Any) -> Any:
-    """`compute(**inputs)`, or its entry of streams/replay/memo.py keyed by `kind` and `inputs` (the key holds every
-    argument, so none can be left out of it; `--no-cache`: computed)."""
-    if getattr(args, "no_cache", False):
-        return compute(**inputs)
-    return memo.remembered(memo.key(kind, **inputs), lambda: compute(**inputs), dump, load)
+    """The week-before search (`memo.tuning`: from the cache where an earlier run measured it)."""
+    return memo.tuning(job.market, start, default_fleet(tuple(_csv(args.markets))), seed=job.seed,
+                       physics=_physics(args), period_minutes=args.period_minutes, draws=_draws(args),
+                       all_sites=job.all_sites, cached=not getattr(args, "no_cache", False))
 
 
 def _draws(args: argparse.Namespace) -> int:

@@ -25,8 +25,10 @@ from typing import Any, TypeVar
 
 from optimizer.baselines.tuned import StaticConfig
 from optimizer.clock_price import ClockMeasurement, ClockPrices
+from schemas.fleet import FleetSpec
 from streams.datasets.paths import data_dir
-from streams.replay.tuning import Tuning
+from streams.replay.tuning import TUNE_DRAWS, Tuning, lead_in_fleet, tune_static
+from worldmodel.groundtruth.runtime import Physics
 
 T = TypeVar("T")
 CACHE_ENV = "AURELIUS_CACHE_DIR"
@@ -115,3 +117,26 @@ def dump_fleet(fleet: dict[tuple[str, str, str], int]) -> list[list[Any]]:
 
 def load_fleet(rows: list[list[Any]]) -> dict[tuple[str, str, str], int]:
     return {(str(s), str(m), str(g)): int(n) for s, m, g, n in rows}
+
+
+def tuning(market: str, window_start: datetime, fleet: FleetSpec, *, seed: int, physics: Physics,
+           period_minutes: float = 5.0, draws: int = TUNE_DRAWS, all_sites: bool = False,
+           cached: bool = True) -> Tuning:
+    """The week-before search (`tuning.tune_static`), from its entry where an earlier run measured it (the key
+    holds every argument; cached False: computed, nothing read or written)."""
+    inputs = {"market": market, "window_start": window_start, "fleet": fleet, "seed": seed, "physics": physics,
+              "period_minutes": period_minutes, "draws": draws, "all_sites": all_sites}
+    if not cached:
+        return tune_static(**inputs)
+    return remembered(key("tune", **inputs), lambda: tune_static(**inputs), dump_tuning, load_tuning)
+
+
+def lead_in(market: str, window_start: datetime, fleet: FleetSpec, *, seed: int, physics: Physics,
+            all_sites: bool = False, cached: bool = True) -> dict[tuple[str, str, str], int]:
+    """The fleet at the window's start (`tuning.lead_in_fleet`), from its entry where an earlier run measured it
+    (as `tuning`)."""
+    inputs = {"market": market, "window_start": window_start, "fleet": fleet, "seed": seed, "physics": physics,
+              "all_sites": all_sites}
+    if not cached:
+        return lead_in_fleet(**inputs)
+    return remembered(key("lead", **inputs), lambda: lead_in_fleet(**inputs), dump_fleet, load_fleet)
