@@ -5,10 +5,9 @@
   plans for that period, the previous committed plan, a spread over the levers around the lead's), commit the one
   of best value among those whose per-class violation rate stays within the lead's branch + 0.1 pp, go on. In the
   drain the branches' set is the backlog the arm carries (the requests open at the fork), so its drain is planned
-  on its own state, not replayed from its lead's. The
-  lead is the strongest run of the job (a replayed arm included), so the arm searches around the best plans
-  known and its headroom is measured from them. It reads the realized
-  future through the simulator: an oracle, never a deployable policy. It is not in the policy registry and
+  on its own state, not replayed from its lead's. The lead is the strongest run of the job (a replayed arm
+  included), so the arm searches around the best plans known and its headroom is measured from them. It reads the
+  realized future through the simulator: an oracle, never a deployable policy. It is not in the policy registry and
   `--policies` cannot select it; `aurelius replay --hindsight` runs it after the references of each job.
 - `RegretAudit`: at >= 30 decisions of a run drawn by the workload seed, the comparison set (the
   references' plans for that period + the hindsight arm's K plans at the run's own state + the chosen
@@ -163,8 +162,7 @@ def run_hindsight(
     the fleet and engine configuration it starts the window with); every period's branches spread around the
     lead's plan, continue under its plans, and are gated against its branch (+0.1 pp per class); after the last
     arrival's period (the drain) it branches the same way, its set the requests still open (`drain` in a choice).
-    replay: further run_replay arguments (window_s,
-    grace_s), as the references were run."""
+    replay: further run_replay arguments (window_s, grace_s), as the references were run."""
     if CONTINUATION not in references:
         raise ValueError("the hindsight arm needs the production reference's run (its continuation)")
     lead = references[start_from]
