@@ -19,7 +19,14 @@ same sign, differences below 0.5 % in both counted as agreeing), the mean realiz
 error quantiles of predicted minus realized; `--out` writes them as JSON (the per-lever margins of the planner's
 Pareto gate are read from that file: optimizer/margins.py).
 
+With `--trunk hold` the hour's trunk holds batch work at every decision (a backlog of up to an hour, as a
+reference that defers through a price peak gathers), and what is measured is the release of that backlog against
+the reference holding on (optimizer.margins.RELEASE_AFTER_HOLD: admit it at once, or under pressure): the reverse
+of a one-period hold is a small backlog, and the release of a long one is a burst the forward model may not see.
+
     python benchmarks/lever_error.py --out benchmarks/results/lever_error.json
+    python benchmarks/lever_error.py --trunk hold --out benchmarks/results/lever_error_release.json
+    python benchmarks/lever_error.py --write-margins one_period=A.json+B.json,horizon=C.json+D.json
 
 Runs the ground truth: a measurement tool, never imported by the planner.
 """
@@ -31,15 +38,16 @@ import json
 import subprocess
 import time
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from optimizer.lever_spread import lever_spread
-from optimizer.margins import MARGINS_FILE, QUANTILE, margins_from_rows
+from optimizer.margins import MARGINS_FILE, QUANTILE, RELEASE_AFTER_HOLD, margins_from_rows
 from optimizer.wiring import build_policy
 from schemas.fleet import MARKETS, default_fleet
-from schemas.plan import Plan
+from schemas.plan import BatchAdmission, Plan
 from streams.replay.branching import DEFAULT_REPLICATES, branch_value, live_replicas, noise_seeds
 from streams.replay.driver import RunResult, run_replay
 from streams.replay.tuning import week_before
@@ -50,9 +58,11 @@ TIE = 0.005  # differences below 0.5 % in both directions count as agreeing (rat
 
 
 def measure(market: str, *, periods: int, every: int, seed: int, arm: str, replicates: int,
-            hold: bool = False) -> list[dict[str, Any]]:
+            hold: bool = False, held_trunk: bool = False) -> list[dict[str, Any]]:
     """Predicted and realized gp/$ differences vs production's plan at the sampled decisions of one market
-    (`hold`: each plan's branch keeps it for the H periods after the decided one, instead of production's)."""
+    (`hold`: each plan's branch keeps it for the H periods after the decided one, instead of production's;
+    `held_trunk`: the trunk holds batch work all hour, and the releases of its backlog are measured against
+    production's plan holding)."""
     physics = Physics()
     fleet = default_fleet()
     window = build_workload(market, 2023, rule="max", periods=1, seed=seed).window
@@ -62,14 +72,19 @@ def measure(market: str, *, periods: int, every: int, seed: int, arm: str, repli
     rows: list[dict[str, Any]] = []
 
     def intercept(k: int, run: RunResult, plan: Plan) -> Plan:
-        if k % every or k >= periods:
+        if k >= periods:
             return plan
+        trunk = replace(plan, batch_admission=BatchAdmission.HOLD) if held_trunk else plan
         score = policy.scorer()
         ref = policy.reference_plan()
-        if score is None or ref is None:
-            return plan
+        if k % every or score is None or ref is None:
+            return trunk
         t0 = k * 300.0
-        variants = lever_spread(ref, {"production": ref}, None, live_replicas(run))
+        if held_trunk:
+            ref = replace(ref, batch_admission=BatchAdmission.HOLD)
+            variants = [(label, replace(ref, batch_admission=a)) for label, a in RELEASE_AFTER_HOLD.items()]
+        else:
+            variants = lever_spread(ref, {"production": ref}, None, live_replicas(run))
         pred_ref = score(ref).outcome.gp_per_dollar
         seeds = noise_seeds(replicates)
         real_ref = [branch_value(run, ref, ref, t0, 300.0, 2, 0.0, noise=r).gp_per_dollar for r in seeds]
@@ -82,7 +97,7 @@ def measure(market: str, *, periods: int, every: int, seed: int, arm: str, repli
             realized = float(np.mean([g / g_ref - 1.0 for g, g_ref in zip(real, real_ref, strict=True)]))
             rows.append({"market": market, "period": k, "lever": label, "predicted": pred / pred_ref - 1.0,
                          "realized": realized, "wall_s": time.perf_counter() - t})  # fmt: skip
-        return plan
+        return trunk
 
     run_replay(wl, policy, fleet, period_s=300.0, physics=physics, initial_replicas=initial, intercept=intercept)
     return rows
@@ -107,14 +122,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def write_margins(sources: dict[str, str]) -> None:
-    """optimizer/lever_margins.json: per kind, the margins (optimizer.margins.margins_from_rows) of a recorded file."""
+    """optimizer/lever_margins.json: per kind, the margins (optimizer.margins.margins_from_rows) of the rows of its
+    recorded files ("A.json+B.json": the spread and the releases after a hold, measured by the same arm)."""
     out: dict[str, Any] = {"quantile": QUANTILE}
-    for kind, path in sources.items():
-        with open(path) as f:
-            rec = json.load(f)
-        out[kind] = {"source": path, "commit": rec["commit"], "arm": rec["config"]["arm"],
-                     "margins": margins_from_rows(rec["rows"]),
-                     "by_label": margins_from_rows(rec["rows"], "lever")}  # fmt: skip
+    for kind, paths in sources.items():
+        recs = []
+        for path in paths.split("+"):
+            with open(path) as f:
+                recs.append(json.load(f))
+        if len({r["config"]["arm"] for r in recs}) != 1:
+            raise ValueError(f"{kind}: files measured by different arms: {paths}")
+        rows = [row for r in recs for row in r["rows"]]
+        out[kind] = {"source": paths, "commit": "+".join(r["commit"] for r in recs), "arm": recs[0]["config"]["arm"],
+                     "margins": margins_from_rows(rows), "by_label": margins_from_rows(rows, "lever")}  # fmt: skip
     MARGINS_FILE.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))
 
@@ -130,6 +150,9 @@ def main() -> None:
                     help="noise replicates each realized difference is averaged over (count)")
     ap.add_argument("--continuation", choices=("reference", "hold"), default="reference",
                     help="after the decided period a branch runs production's plan (reference) or its own (hold)")
+    ap.add_argument("--trunk", choices=("decided", "hold"), default="decided",
+                    help="the hour's trunk runs the arm's decisions, or holds batch work all hour and the releases "
+                         "of its backlog are measured")  # fmt: skip
     ap.add_argument("--out", default=None)
     ap.add_argument("--write-margins", default=None, metavar="KIND=FILE,...",
                     help="write optimizer/lever_margins.json from recorded measurements (kinds: horizon, one_period) "
@@ -143,7 +166,8 @@ def main() -> None:
     for m in args.markets.split(","):
         t = time.perf_counter()
         rows += measure(m, periods=args.periods, every=args.every, seed=args.seed, arm=args.arm,
-                        replicates=args.replicates, hold=args.continuation == "hold")
+                        replicates=args.replicates, hold=args.continuation == "hold",
+                        held_trunk=args.trunk == "hold")
         print(f"{m}: {time.perf_counter() - t:.0f} s", flush=True)
     table = summarize(rows)
     print(f"{'lever':<22}{'n':>4}{'sign':>7}{'real':>9}{'pred':>9}{'err50':>9}{'err80':>9}{'|err|80':>9}")

@@ -12,7 +12,12 @@ scoring one period have their own measurements (`kind`).
 Deferral has a direction. The spread's move holds batch work against a reference that admits it; a release is the
 reverse move (a candidate that admits what the reference holds), and its error is the error of the same pair of
 branches read the other way (`with_releases`): the model that under-predicts what a hold loses under-predicts what
-a release gains, so the hold's margin does not apply to it.
+a release gains, so the hold's margin does not apply to it. A one-period hold is a small backlog; the release of a
+long one is measured on its own, on a trunk that has held batch work all hour (lever_error.py `--trunk hold`,
+labels RELEASE_AFTER_HOLD), and joins the release family.
+
+A row whose plan moved nothing (predicted and realized differences both 0: the lever was a no-op that hour, e.g.
+admitting at once what no pressure held) is no sample of the move's error and is left out (`_moved`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,13 @@ MARGINS_FILE = Path(__file__).with_name("lever_margins.json")
 QUANTILE = 0.8
 #: the spread plan that holds batch work, and the name of its reverse move (admit what a reference holds)
 HOLD, RELEASE = "defer-batch", "release-batch"
+#: the measured releases of a long hold (lever_error.py --trunk hold): label -> the admission it releases to
+RELEASE_AFTER_HOLD: dict[str, BatchAdmission] = {
+    "release-after-hold": BatchAdmission.IMMEDIATE,
+    "release-after-hold-pressure": BatchAdmission.PRESSURE,
+}
+#: a difference this small in both predicted and realized is a plan that moved nothing (ratio)
+NO_MOVE = 1e-12
 #: lever families by spread label (optimizer/lever_spread.py); a label's family is the first whose prefix matches
 FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("capacity", ("hold-fleet", "scale-out", "ceiling", "static-live")),
@@ -38,7 +50,7 @@ FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("precision", ("fp8",)),
     ("clock", ("clock",)),
     ("deferral", (HOLD, "admit-batch")),
-    ("release", (RELEASE,)),
+    ("release", ("release",)),
     ("tokens", ("tokens",)),
 )
 
@@ -127,13 +139,13 @@ class LeverMargins:
 
     def of(self, plan: Plan, reference: Plan) -> float:
         """The margin `plan` must clear against `reference` (ratio): a spread plan's own measured margin
-        (label "<who>: <name>"); else the largest of the families it moves (an unmeasured family: the largest
-        measured margin); 0 for a plan moving nothing."""
+        (label "<who>: <name>") where it moves the lever in the direction that was measured; else the largest of
+        the families it moves (an unmeasured family: the largest measured margin); 0 for a plan moving nothing."""
         moved = directed_families(plan, reference)
         if not moved:
             return 0.0
         name = plan.label.split(": ", 1)[-1]
-        if name in self.by_label:
+        if name in self.by_label and family(name) in moved:
             return self.by_label[name]
         worst = max(self.by_family.values(), default=0.0)
         return max(self.by_family.get(f, worst) for f in moved)
@@ -155,18 +167,24 @@ def with_releases(rows: list[Mapping[str, object]]) -> list[Mapping[str, object]
     return [*rows, *rev]
 
 
+def _moved(r: Mapping[str, object]) -> bool:
+    return abs(float(r["predicted"])) >= NO_MOVE or abs(float(r["realized"])) >= NO_MOVE  # type: ignore[arg-type]
+
+
 def margins_from_rows(rows: list[Mapping[str, object]], key: str = "family",
                       quantile: float = QUANTILE) -> dict[str, float]:
     """Per family (key "family") or spread label (key "lever"), the `quantile` of predicted minus realized
-    difference over the measured rows and the releases they imply (`with_releases`) (ratio, >= 0).
+    difference over the measured rows that moved something and the releases they imply (`with_releases`)
+    (ratio, >= 0).
 
     >>> rows = [{"lever": "clock-0.85", "predicted": 0.02, "realized": 0.01},
-    ...         {"lever": "clock-0.7", "predicted": 0.0, "realized": 0.05}]
+    ...         {"lever": "clock-0.7", "predicted": 0.0, "realized": 0.05},
+    ...         {"lever": "admit-batch", "predicted": 0.0, "realized": 0.0}]
     >>> margins_from_rows(rows, quantile=1.0), margins_from_rows(rows, "lever", quantile=1.0)
     ({'clock': 0.01}, {'clock-0.7': 0.0, 'clock-0.85': 0.01})
     """
     errs: dict[str, list[float]] = {}
-    for r in with_releases(rows):
+    for r in with_releases([r for r in rows if _moved(r)]):
         name = family(str(r["lever"])) if key == "family" else str(r["lever"])
         if name is not None:
             errs.setdefault(name, []).append(float(r["predicted"]) - float(r["realized"]))  # type: ignore[arg-type]
