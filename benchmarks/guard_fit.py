@@ -58,7 +58,7 @@ from streams.replay import memo
 from streams.replay.branching import live_replicas, noise_shifts
 from streams.replay.driver import run_replay
 from streams.replay.metrics import summarize
-from streams.replay.tuning import Tuning, lead_in_fleet, week_before
+from streams.replay.tuning import Tuning, week_before
 from streams.workload.builder import Workload, build_workload
 from streams.workload.residency import with_residency
 from worldmodel.groundtruth.runtime import Physics
@@ -221,7 +221,7 @@ def measure(job: tuple[str, int, int, int, list[tuple[int, float, float, int]], 
         wl = build_workload(market, year, rule=rule, periods=periods, seed=seed)
         if all_sites:
             wl = with_residency(wl, fleet, market, seed=seed)
-        initial = lead_in_fleet(market, wl.window.start, fleet, seed=seed, physics=physics, all_sites=all_sites)
+        initial = memo.lead_in(market, wl.window.start, fleet, seed=seed, physics=physics, all_sites=all_sites)
     else:
         wl, initial = week_before(market, window_start, fleet, seed=seed, physics=physics, periods=periods,
                                   all_sites=all_sites)  # fmt: skip

@@ -295,14 +295,19 @@ def _tune_task(job: Job, args: argparse.Namespace) -> Tuning:
 def _lead(job: Job, args: argparse.Namespace, start: datetime) -> dict[tuple[str, str, str], int]:
     """The fleet at the window's start (`memo.lead_in`: from the cache where an earlier run measured it)."""
     return memo.lead_in(job.market, start, default_fleet(tuple(_csv(args.markets))), seed=job.seed,
-                        physics=_physics(args), all_sites=job.all_sites, cached=not getattr(args, "no_cache", False))
+                        physics=_physics(args), all_sites=job.all_sites, cached=_cached(args))
 
 
 def _tune(job: Job, args: argparse.Namespace, start: datetime) -> Tuning:
     """The week-before search (`memo.tuning`: from the cache where an earlier run measured it)."""
     return memo.tuning(job.market, start, default_fleet(tuple(_csv(args.markets))), seed=job.seed,
                        physics=_physics(args), period_minutes=args.period_minutes, draws=_draws(args),
-                       all_sites=job.all_sites, cached=not getattr(args, "no_cache", False))
+                       all_sites=job.all_sites, cached=_cached(args))
+
+
+def _cached(args: argparse.Namespace) -> bool:
+    """Whether the week before may be read from the cache (not `--no-cache`)."""
+    return not getattr(args, "no_cache", False)
 
 
 def _draws(args: argparse.Namespace) -> int:

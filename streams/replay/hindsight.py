@@ -169,6 +169,7 @@ def run_hindsight(
     settings = settings or BranchSettings()
     ctx = _Context(references, gstar, period_s, settings, lead=start_from)
     choices: list[dict[str, Any]] = []
+    drain_from = arrival_periods(workload.requests["arrival_s"].to_numpy(), period_s)  # drain: from here
 
     def intercept(k: int, run: RunResult, plan: Plan) -> Plan:
         t = time.perf_counter()
@@ -178,7 +179,7 @@ def run_hindsight(
                       cost=settings.cost, basis=settings.basis, replicates=settings.replicates)  # fmt: skip
         label, best = cmp.best(gate=f"ref:{start_from}")
         choices.append({
-            "period": k, "drain": k >= arrival_periods(run.runtime.req.arrival, period_s), "chosen": label,
+            "period": k, "drain": k >= drain_from, "chosen": label,
             "value": best.value, "gp_per_dollar": best.gp_per_dollar, "requests": best.requests,
             "lead_value": cmp.full[f"ref:{start_from}"].value, "candidates": len(plans),
             "full": sorted(cmp.full), "wall_s": time.perf_counter() - t,

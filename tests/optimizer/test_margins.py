@@ -7,7 +7,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from optimizer.aurelius import AureliusPolicy
-from optimizer.margins import MARGINS_FILE, QUANTILE, LeverMargins, families_moved, load_margins, margins_from_rows
+from optimizer.margins import (
+    MARGINS_FILE,
+    QUANTILE,
+    RELEASE_AFTER_HOLD,
+    LeverMargins,
+    families_moved,
+    family,
+    load_margins,
+    margins_from_rows,
+)
 from schemas.plan import BatchAdmission
 from tests.optimizer.test_gates import H100_70B, REF, set_pool
 
@@ -16,14 +25,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_margins_are_the_recorded_measurement() -> None:
     """optimizer/lever_margins.json holds, per scorer kind, the QUANTILE of predicted minus realized differences
-    of the recorded benchmarks/lever_error.py file it names, per family and per spread plan."""
+    of the recorded benchmarks/lever_error.py files it names (the spread, and the releases after a held hour),
+    per family and per spread plan."""
     data = json.loads(MARGINS_FILE.read_text())
     assert data["quantile"] == QUANTILE
     for kind in ("horizon", "one_period"):
-        rec = json.loads((ROOT / data[kind]["source"]).read_text())
-        assert rec["commit"] == data[kind]["commit"] and len(rec["rows"]) >= 3 * 16 * 10
-        assert data[kind]["margins"] == margins_from_rows(rec["rows"])
-        assert data[kind]["by_label"] == margins_from_rows(rec["rows"], "lever")
+        recs = [json.loads((ROOT / path).read_text()) for path in data[kind]["source"].split("+")]
+        assert "+".join(r["commit"] for r in recs) == data[kind]["commit"]
+        assert {r["config"]["arm"] for r in recs} == {data[kind]["arm"]}
+        rows = [row for r in recs for row in r["rows"]]
+        assert len(rows) >= 3 * 16 * 10 and set(RELEASE_AFTER_HOLD) <= {r["lever"] for r in rows}
+        assert data[kind]["margins"] == margins_from_rows(rows)
+        assert data[kind]["by_label"] == margins_from_rows(rows, "lever")
         assert load_margins(kind).by_family == data[kind]["margins"]
     assert AureliusPolicy().margins.source == data["one_period"]["source"]
 
@@ -57,3 +70,26 @@ def test_the_release_margin_is_the_holds_measurement_read_the_other_way() -> Non
     assert got["release"] < got["deferral"] == 0.5
     inv = sorted((1 / 0.9 - 1) - (1 / (1 + q) - 1) for q in (-0.6, -0.5, -0.4, 0.05, -0.3))
     assert abs(got["release"] - max(inv[-1], 0.0)) < 1e-12
+
+
+def test_a_label_margin_applies_only_in_the_direction_it_was_measured() -> None:
+    """admit-batch was measured against a reference that admits under pressure; the same plan against a reference
+    that holds is a release, and clears the release family's margin, not admit-batch's."""
+    m = LeverMargins({"deferral": 0.47, "release": 0.3}, {"admit-batch": 0.0}, "test")
+    admit = replace(REF, batch_admission=BatchAdmission.IMMEDIATE, label="spread: admit-batch")
+    held = replace(REF, batch_admission=BatchAdmission.HOLD)
+    assert m.of(admit, replace(REF, batch_admission=BatchAdmission.PRESSURE)) == 0.0
+    assert m.of(admit, held) == 0.3
+
+
+def test_rows_that_moved_nothing_are_no_sample_of_a_levers_error() -> None:
+    """A lever that was a no-op in a measured hour (predicted and realized differences 0) neither lowers its
+    family's quantile nor gives its label a margin; the releases of a held hour join the release family."""
+    rows = [{"lever": "ceiling-live", "predicted": 0.0, "realized": 0.0}] * 4
+    rows += [{"lever": "scale-out-25", "predicted": 0.5, "realized": 0.25}, {"lever": "admit-batch", "predicted": 0.0,
+             "realized": 0.0}]  # fmt: skip
+    assert margins_from_rows(rows, quantile=0.5) == {"capacity": 0.25}
+    assert "admit-batch" not in margins_from_rows(rows, "lever")
+    assert {family(label) for label in RELEASE_AFTER_HOLD} == {"release"}
+    after = [{"lever": "release-after-hold", "predicted": 0.25, "realized": -0.5}]
+    assert margins_from_rows(after, quantile=1.0) == {"release": 0.75}
