@@ -140,7 +140,9 @@ class LeverMargins:
     def of(self, plan: Plan, reference: Plan) -> float:
         """The margin `plan` must clear against `reference` (ratio): a spread plan's own measured margin
         (label "<who>: <name>") where it moves the lever in the direction that was measured; else the largest of
-        the families it moves (an unmeasured family: the largest measured margin); 0 for a plan moving nothing."""
+        the families it moves (an unmeasured family: the largest measured margin), a release no less than the
+        measured release of a held hour to its admission (the family's quantile pools it with the reversed
+        one-period holds, small backlogs); 0 for a plan moving nothing."""
         moved = directed_families(plan, reference)
         if not moved:
             return 0.0
@@ -148,7 +150,11 @@ class LeverMargins:
         if name in self.by_label and family(name) in moved:
             return self.by_label[name]
         worst = max(self.by_family.values(), default=0.0)
-        return max(self.by_family.get(f, worst) for f in moved)
+        margin = max(self.by_family.get(f, worst) for f in moved)
+        if "release" in moved:  # at least the measured release of a held hour's backlog to the same admission
+            released = {a: label for label, a in RELEASE_AFTER_HOLD.items()}.get(plan.batch_admission)
+            margin = max(margin, self.by_label.get(released, 0.0) if released else 0.0)
+        return margin
 
 
 def with_releases(rows: list[Mapping[str, object]]) -> list[Mapping[str, object]]:

@@ -82,6 +82,19 @@ def test_a_label_margin_applies_only_in_the_direction_it_was_measured() -> None:
     assert m.of(admit, held) == 0.3
 
 
+def test_a_release_clears_at_least_the_measured_release_of_a_held_hour() -> None:
+    """The release family's quantile pools the reversed one-period holds with the releases of a held hour; a
+    release clears no less than the latter's own margin for the admission it releases to."""
+    m = LeverMargins({"release": 0.0, "clock": 0.02},
+                     {"release-after-hold": 0.0125, "release-after-hold-pressure": 0.09}, "test")
+    held = replace(REF, batch_admission=BatchAdmission.HOLD)
+    assert m.of(replace(REF, batch_admission=BatchAdmission.IMMEDIATE, label="spread: admit-batch"), held) == 0.0125
+    assert m.of(replace(REF, batch_admission=BatchAdmission.PRESSURE), held) == 0.09
+    clocked = set_pool(replace(REF, batch_admission=BatchAdmission.IMMEDIATE), H100_70B, sm_clock_mhz=1500)
+    assert m.of(clocked, held) == 0.02
+    assert m.of(held, REF) == 0.02  # a hold is no release: the largest family margin (deferral unmeasured here)
+
+
 def test_rows_that_moved_nothing_are_no_sample_of_a_levers_error() -> None:
     """A lever that was a no-op in a measured hour (predicted and realized differences 0) neither lowers its
     family's quantile nor gives its label a margin; the releases of a held hour join the release family."""
