@@ -75,9 +75,11 @@ def measure(market: str, *, periods: int, every: int, seed: int, arm: str, repli
         if k >= periods:
             return plan
         trunk = replace(plan, batch_admission=BatchAdmission.HOLD) if held_trunk else plan
+        if k % every:
+            return trunk
         score = policy.scorer()
         ref = policy.reference_plan()
-        if k % every or score is None or ref is None:
+        if score is None or ref is None:
             return trunk
         t0 = k * 300.0
         if held_trunk:

@@ -40,6 +40,7 @@ RELEASE_AFTER_HOLD: dict[str, BatchAdmission] = {
     "release-after-hold": BatchAdmission.IMMEDIATE,
     "release-after-hold-pressure": BatchAdmission.PRESSURE,
 }
+_RELEASED_TO = {a: label for label, a in RELEASE_AFTER_HOLD.items()}  # admission -> its measured release's label
 #: a difference this small in both predicted and realized is a plan that moved nothing (ratio)
 NO_MOVE = 1e-12
 #: lever families by spread label (optimizer/lever_spread.py); a label's family is the first whose prefix matches
@@ -152,8 +153,7 @@ class LeverMargins:
         worst = max(self.by_family.values(), default=0.0)
         margin = max(self.by_family.get(f, worst) for f in moved)
         if "release" in moved:  # at least the measured release of a held hour's backlog to the same admission
-            released = {a: label for label, a in RELEASE_AFTER_HOLD.items()}.get(plan.batch_admission)
-            margin = max(margin, self.by_label.get(released, 0.0) if released else 0.0)
+            margin = max(margin, self.by_label.get(_RELEASED_TO.get(plan.batch_admission, ""), 0.0))
         return margin
 
 
