@@ -18,7 +18,7 @@ TPOT_HEADROOM = 0.8
 
 def pool_config(p: PoolPlan) -> PoolConfig:
     """The serving model's view of a pool plan."""
-    return PoolConfig(p.gpu, p.model, p.tp, p.precision, float(p.sm_clock_mhz))
+    return PoolConfig(p.gpu, p.model, p.tp, p.precision, float(p.sm_clock_mhz), p.kv_dtype)
 
 
 def kv_sequences(sm: ServingModel, p: PoolPlan, context_tokens: float) -> float:

@@ -69,7 +69,7 @@ class PoolResult:
 
 def pool_static(sm: ServingModel, snap: FleetSnapshot, p: PoolPlan) -> Pool:
     """The static figures of pool plan `p` against `snap`: replicas now, reloads, load times (s), clock (MHz)."""
-    cfg = PoolConfig(p.gpu, p.model, p.tp, p.precision, clock_or_max(p.gpu, p.sm_clock_mhz))
+    cfg = PoolConfig(p.gpu, p.model, p.tp, p.precision, clock_or_max(p.gpu, p.sm_clock_mhz), p.kv_dtype)
     state = snap.pool(p.key)
     load_s = sm.load_s(cfg)
     chunk_s = sm.prefill_s(cfg, chunk_tokens_of(sm, p))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy import special
 
-from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType, power_limited_clock_mhz
+from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType, kv_storage, power_limited_clock_mhz
 from schemas.models import BYTES_PER_VALUE, MODELS
 from schemas.provenance import Provenance
 
@@ -116,13 +116,16 @@ class Corrections:
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """What the serving model needs of a pool: gpu type, model, tp (GPUs/replica), precision, clock (MHz)."""
+    """What the serving model needs of a pool: gpu type, model, tp (GPUs/replica), weight precision, clock (MHz),
+    and the KV-cache dtype (vLLM's, "auto" = the activation dtype bf16: `schemas.fleet.kv_storage`), which sets
+    the KV capacity and the KV bytes a decode step reads."""
 
     gpu: str
     model: str
     tp: int
     precision: str
     sm_clock_mhz: float
+    kv_dtype: str = "auto"
 
 
 class ServingModel:
@@ -204,7 +207,7 @@ class ServingModel:
         factor, 2 x params, layers, hidden, the compute rate (FLOP/s), the correction factor."""
         g, m, p = GPU_SPECS[cfg.gpu], MODELS[cfg.model], self.priors
         clock = self._clock_ratio(cfg)
-        return (m.params * BYTES_PER_VALUE[cfg.precision], m.kv_bytes_per_token(cfg.precision), cfg.tp,
+        return (m.params * BYTES_PER_VALUE[cfg.precision], m.kv_bytes_per_token(_kv(cfg)), cfg.tp,
                 g.hbm_bytes_s, p.decode_roofline_ratio, 1.0 + p.mem_clock_sensitivity * (1.0 / clock - 1.0),
                 2.0 * m.params, m.layers, m.hidden, self._peak_flops(cfg) * clock * p.prefill_compute_eff,
                 self._factor(self.corrections.decode, cfg, _decode_gain))  # fmt: skip
@@ -250,7 +253,7 @@ class ServingModel:
         g, m = GPU_SPECS[cfg.gpu], MODELS[cfg.model]
         bpp = BYTES_PER_VALUE[cfg.precision]
         free = g.memory_bytes * cfg.tp * self.priors.kv_memory_share - m.params * bpp
-        return max(free, 0.0) / m.kv_bytes_per_token(cfg.precision)
+        return max(free, 0.0) / m.kv_bytes_per_token(_kv(cfg))
 
     def load_s(self, cfg: PoolConfig) -> float:
         """Cold start or precision reload time of one replica (s)."""
@@ -303,6 +306,11 @@ class ServingModel:
 
 
 GainFn = Callable[[str, str], float]
+
+
+def _kv(cfg: PoolConfig) -> str:
+    """The dtype `cfg`'s KV cache is stored in ('bf16' | 'fp8')."""
+    return str(kv_storage(cfg.precision, cfg.kv_dtype))
 
 
 def _decode_gain(gpu: str, precision: str) -> float:

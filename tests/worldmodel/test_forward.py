@@ -145,6 +145,17 @@ def test_fp8_is_faster_and_reloads(world, fm):
     assert uncredited.classes[1].tpot_p99_ms >= fp8.classes[1].tpot_p99_ms
 
 
+def test_an_fp8_kv_cache_decodes_faster_than_fp8_weights_alone(world, fm):
+    """The forward model reads each pool's KV-cache dtype (vLLM's default "auto" keeps a bf16 cache beside fp8
+    weights): an fp8 cache reads half the KV bytes per decode step, so the chat class's TPOT falls."""
+    _, snap = world
+    credited = replace(snap, corrections=replace(snap.corrections, precision_credit=1.0))
+    fp8 = _plan(precision="fp8", max_batch=512, autoscale=False)
+    kv = replace(fp8, pools=tuple(replace(p, kv_dtype="fp8") for p in fp8.pools))
+    auto_out, kv_out = (fm.evaluate(credited, p, _forecast(2.0)) for p in (fp8, kv))
+    assert kv_out.classes[1].tpot_p99_ms < 0.97 * auto_out.classes[1].tpot_p99_ms
+
+
 def test_lower_clock_saves_power_slows_prefill(world, fm):
     _, snap = world
     fast = fm.evaluate(snap, _plan(autoscale=False), _forecast())

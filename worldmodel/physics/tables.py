@@ -8,13 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas.fleet import (
-    KV_DTYPES_BY_PRECISION,
     PRECISIONS_BY_GPU,
     SM_CLOCK_RANGE_MHZ,
     VLLM_MAX_NUM_BATCHED_TOKENS,
     GpuType,
-    KvCacheDtype,
     Precision,
+    kv_storage,
 )
 from schemas.models import model_spec
 from schemas.provenance import Provenance, Tagged
@@ -151,26 +150,14 @@ def check_precision(gpu: str, precision: str) -> Precision:
 
 
 def kv_storage_precision(gpu: str, precision: str, kv_dtype: str = "auto") -> Precision:
-    """The dtype the KV cache is stored in for weights `precision` and vLLM `kv_dtype` ('auto' | 'fp8').
-
-    'auto' keeps the activation dtype (bf16, for bf16 and fp8 weights alike); 'fp8' is offered with fp8
-    weights only (`schemas.fleet.KV_DTYPES_BY_PRECISION`). ValueError for a combination not offered.
+    """The dtype the KV cache is stored in for weights `precision` on `gpu` and vLLM `kv_dtype` ('auto' | 'fp8'):
+    `schemas.fleet.kv_storage` once `gpu` is checked to run `precision`. ValueError for a combination not offered.
 
     >>> kv_storage_precision("H100", "fp8", "fp8"), kv_storage_precision("H100", "fp8", "auto")
     (<Precision.FP8: 'fp8'>, <Precision.BF16: 'bf16'>)
     """
-    prec = check_precision(gpu, precision)
-    try:
-        kv = KvCacheDtype(kv_dtype)
-    except ValueError as exc:
-        known = [k.value for k in KvCacheDtype]
-        raise ValueError(f"unknown KV-cache dtype {kv_dtype!r}; expected one of {known}") from exc
-    if kv not in KV_DTYPES_BY_PRECISION[prec]:
-        raise ValueError(
-            f"{precision} weights do not run with kv_dtype {kv_dtype!r}; offered: "
-            f"{[k.value for k in KV_DTYPES_BY_PRECISION[prec]]}"
-        )
-    return Precision.FP8 if kv == KvCacheDtype.FP8 else Precision.BF16
+    check_precision(gpu, precision)
+    return kv_storage(precision, kv_dtype)
 
 
 def token_budget(gpu: str) -> float:
