@@ -633,8 +633,9 @@ def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     audits = [s["realized_regret"] for s in per_seed if "realized_regret" in s]
     if audits:  # pooled over the seeds' audited decisions
         out["realized_regret"] = _pooled_regret(audits)
-        if any("floor" in a for a in audits):
-            out["realized_regret"]["floor"] = _pooled_regret([a["floor"] for a in audits if "floor" in a])
+        for part in ("floor", "sla_gated"):
+            if any(part in a for a in audits):
+                out["realized_regret"][part] = _pooled_regret([a[part] for a in audits if part in a])
     if "hindsight" in first:
         out["oracle"], out["deployable"] = True, False
         out["hindsight"] = {k: v for k, v in first["hindsight"].items() if k not in ("check", "choices", "lead")}
@@ -821,7 +822,8 @@ def print_tables(results: dict[str, Any], basis: str) -> None:
             print(f"strongest reference ({b}): {best}" + (f"; gain over it: {gains}" if gains else ""))
         for name, p in m["policies"].items():
             r = p.get("realized_regret")
-            for what, q in (("realized regret", r), ("  its noise floor", (r or {}).get("floor"))):
+            for what, q in (("realized regret", r), ("  its noise floor", (r or {}).get("floor")),
+                            ("  SLA-gated (diagnostic)", (r or {}).get("sla_gated"))):
                 if q and q["n"]:
                     print(
                         f"{what} {name}: mean {q['mean']:.4f}  p50 {q['p50']:.4f}  p90 {q['p90']:.4f}  "

@@ -236,21 +236,7 @@ class RegretAudit:
                       always=("chosen",), top=s.top, restart_top=s.restart_top, cost=s.cost, basis=s.basis,
                       replicates=s.replicates,
                       known=known)  # fmt: skip
-        best_label, best = cmp.best()
-        chosen = cmp.full["chosen"]
-        return {
-            "value": chosen.value,
-            "gp_per_dollar": chosen.gp_per_dollar,
-            "best_value": best.value,
-            "best_label": best_label,
-            "best_gp_per_dollar": best.gp_per_dollar,
-            "regret": regret(best.value, chosen.value),
-            "value_gap": best.value - chosen.value,  # requests; beside the ratio, which |best| near 0 inflates
-            "requests": chosen.requests,
-            "set_size": len(plans),
-            "H": s.H,
-            "g_star": self.gstar,
-        }, cmp
+        return {**realized_outcome(cmp), "set_size": len(plans), "H": s.H, "g_star": self.gstar}, cmp
 
     def attach(self, run: RunResult) -> None:
         """Write each audited decision's outcome into its decision record's `realized` field."""
@@ -263,9 +249,32 @@ class RegretAudit:
         """regret_stats of the regrets, and of the value gap per request of the branch's set (`gap_per_request`,
         requests / request: the same ranking without the ratio's blow-up when |best value| is near 0)."""
         out = _stats(list(self.realized.values()))
+        out["sla_gated"] = _stats([r["sla_gated"] for r in self.realized.values()])
         if self.floor:
             out["floor"] = _stats([r["floor"] for r in self.realized.values()])
         return out
+
+
+def realized_outcome(cmp: Comparison) -> dict[str, Any]:
+    """The "chosen" branch of `cmp` against its best full branch: values (requests), gp/$ and the regret ratio;
+    `sla_gated`, a diagnostic beside that regret of record: the same against the best among the branches whose
+    every class's violation rate is within the chosen plan's + 0.1 pp (the Pareto gate's terms), which tells an
+    alternative that buys value by missing SLAs the decision kept from one that beats it on both."""
+    best_label, best = cmp.best()
+    chosen = cmp.full["chosen"]
+    gated_label, gated = cmp.best(gate="chosen")
+    return {
+        "value": chosen.value,
+        "gp_per_dollar": chosen.gp_per_dollar,
+        "best_value": best.value,
+        "best_label": best_label,
+        "best_gp_per_dollar": best.gp_per_dollar,
+        "regret": regret(best.value, chosen.value),
+        "value_gap": best.value - chosen.value,  # requests; beside the ratio, which |best| near 0 inflates
+        "requests": chosen.requests,
+        "sla_gated": {"best_label": gated_label, "regret": regret(gated.value, chosen.value),
+                      "value_gap": gated.value - chosen.value, "requests": chosen.requests},
+    }
 
 
 def _stats(outcomes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -33,7 +33,14 @@ from streams.replay.branching import (
 )
 from streams.replay.cli import _aggregate, _check_branching, _hindsight_flags
 from streams.replay.driver import RunResult, run_replay
-from streams.replay.hindsight import HINDSIGHT, BranchSettings, RegretAudit, hindsight_check, run_hindsight
+from streams.replay.hindsight import (
+    HINDSIGHT,
+    BranchSettings,
+    RegretAudit,
+    hindsight_check,
+    realized_outcome,
+    run_hindsight,
+)
 from streams.replay.metrics import cost_between, fleet_gpus, period_costs, request_outcomes, summarize
 from streams.workload.builder import Workload, build_workload
 
@@ -278,13 +285,36 @@ def test_the_regret_floor_compares_the_chosen_plan_with_its_null_variants(wl: Wo
         assert f["best_label"] == "chosen" or f["best_label"].startswith("null:")
         assert f["value_gap"] < r["value_gap"], (f, r)
     s = audit.stats()
-    assert s["floor"]["n"] == s["n"] == 2
+    assert s["floor"]["n"] == s["n"] == s["sla_gated"]["n"] == 2
+    gaps = zip(s["sla_gated"]["gap_per_request"]["values"], s["gap_per_request"]["values"], strict=True)
+    assert all(g <= r for g, r in gaps)
     pooled = _aggregate([dict(summarize(prod), seed=0, realized_regret=s)])["realized_regret"]
+    assert pooled["sla_gated"]["mean"] == pytest.approx(s["sla_gated"]["mean"])
     assert pooled["floor"]["mean"] == pytest.approx(s["floor"]["mean"])
     assert pooled["floor"]["gap_per_request"]["mean"] == pytest.approx(s["floor"]["gap_per_request"]["mean"])
     with pytest.raises(SystemExit, match="--regret-floor"):
         _check_branching(argparse.Namespace(realized_regret="", regret_floor=True, hindsight=False, hindsight_k=16),
                          ["production"])  # fmt: skip
+
+
+def _branch(label: str, value: float, code: float) -> Branch:
+    return Branch(label, value, 100, 120, 1.0, 100.0, {"code": code, "chat": 0.02}, 0.0, 900.0, 0, 2, 0.0)
+
+
+def test_the_sla_gated_regret_leaves_out_alternatives_that_miss_slas_the_decision_kept() -> None:
+    """The regret of record takes the best branch of the set whatever its violations; the SLA-gated diagnostic
+    beside it only the branches within the chosen one's per-class violation + 0.1 pp, so an alternative that
+    buys value with 15 pp more code violations (ERCOT 2023 seed 1's fp8 without a rolling reload) is told apart."""
+    full = {"chosen": _branch("chosen", 10.0, 0.010), "fp8": _branch("fp8", 30.0, 0.160),
+            "clock": _branch("clock", 15.0, 0.0105), "batch": _branch("batch", 40.0, 0.0125)}  # fmt: skip
+    out = realized_outcome(Comparison({}, full))
+    assert (out["best_label"], out["value_gap"]) == ("batch", 30.0)
+    assert out["regret"] == pytest.approx(30.0 / 40.0)
+    g = out["sla_gated"]
+    assert (g["best_label"], g["value_gap"], g["requests"]) == ("clock", 5.0, 120)
+    assert g["regret"] == pytest.approx(5.0 / 15.0)
+    alone = realized_outcome(Comparison({}, {"chosen": full["chosen"], "fp8": full["fp8"]}))
+    assert (alone["sla_gated"]["best_label"], alone["sla_gated"]["regret"]) == ("chosen", 0.0)
 
 
 def test_a_comparison_reuses_the_branches_it_is_given(wl: Workload, prod: RunResult,
