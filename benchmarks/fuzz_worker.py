@@ -113,7 +113,8 @@ def valid_record(kind: str, j: int, at: datetime, tag: str = "fz") -> dict[str, 
         return {"schema_version": "1", "event_at": w, "arrived_at": w, "site": "pjm", "replica_id": f"r-70b-{j % 4}",
                 "model": "llama-3.1-70b", "gpu_type": "H100",
                 "kind": ("replica_started", "replica_ready", "replica_reconfigured", "replica_stopped")[j % 4],
-                "tp": 4, "precision": ("fp8", "bf16")[j % 2], "sm_clock_mhz": 1980, "max_batch": 256,
+                "tp": 4, "precision": ("fp8", "bf16")[j % 2], "kv_cache_dtype": ("fp8", None)[j % 2],
+                "sm_clock_mhz": 1980, "max_batch": 256,
                 "hostnames": [f"node-{j % 16:02d}"]}
     raise ValueError(kind)
 

@@ -191,7 +191,8 @@ class WorldStateModel:
 
         def prewarmed(plan: Plan) -> FleetSnapshot:
             pools = tuple(PoolState(p.site, p.model, p.gpu, p.replica_floor, 0, 0, p.tp, p.precision,
-                                    float(p.sm_clock_mhz), p.max_batch) for p in plan.pools)  # fmt: skip
+                                    float(p.sm_clock_mhz), p.max_batch, kv_dtype=p.kv_dtype)
+                          for p in plan.pools)  # fmt: skip
             return replace(snap, pools=pools)
 
         return fm, prewarmed

@@ -15,7 +15,7 @@ floats finite), so a record that validates can always be stored.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from types import NoneType, UnionType
@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Self, get_args, get_origin, get_type_hints
 
 import polars as pl
 
-from schemas import SCHEMA_VERSION, SchemaError, load, validator
+from schemas import SCHEMA_VERSION, SchemaError, validator
 from schemas.protocol import RequestClass
 from schemas.timestamps import ts_from_wire, ts_to_wire
 
@@ -81,6 +81,7 @@ class WireRecord:
     #: integer fields the world model's DuckDB table stores as 32-bit INTEGER (worldmodel/state/migrations.py)
     STORED_INT32: ClassVar[frozenset[str]] = frozenset()
     _codecs: ClassVar[tuple[tuple[str, Callable[[Any], Any], Callable[[Any], Any], pl.DataType], ...]]
+    _optional: ClassVar[frozenset[str]]
 
     def __init_subclass__(cls, kind: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -95,11 +96,22 @@ class WireRecord:
             cls._codecs = tuple((f.name, *_codec(hints[f.name])) for f in fields(cls))  # type: ignore[arg-type]
         return cls._codecs
 
+    @classmethod
+    def optional(cls) -> frozenset[str]:
+        """The fields with a default (not required on the wire): left out of a wire dict when None."""
+        if "_optional" not in cls.__dict__:
+            cls._optional = frozenset(f.name for f in fields(cls) if f.default is not MISSING)  # type: ignore[arg-type]
+        return cls._optional
+
     def to_wire(self) -> dict[str, Any]:
-        """The JSON-ready wire dict (timestamps as RFC 3339 ``Z`` strings, tuples as lists)."""
+        """The JSON-ready wire dict (timestamps as RFC 3339 ``Z`` strings, tuples as lists); an optional field
+        that is None is left out (a record without it is v1 as it was)."""
         wire: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        optional = self.optional()
         for name, out, _, _ in self.codecs():
-            wire[name] = out(getattr(self, name))
+            value = getattr(self, name)
+            if value is not None or name not in optional:
+                wire[name] = out(value)
         return wire
 
     @classmethod
@@ -203,7 +215,11 @@ class Price(WireRecord, kind="price"):
 
 @dataclass(frozen=True, slots=True)
 class FleetEvent(WireRecord, kind="fleet_event"):
-    """A replica lifecycle or configuration change (clock in MHz, batch cap in sequences)."""
+    """A replica lifecycle or configuration change (clock in MHz, batch cap in sequences).
+
+    kv_cache_dtype : the engine's KV-cache dtype (vLLM `--kv-cache-dtype`, a `schemas.fleet.KvCacheDtype`
+        value); None when not reported, which means "auto" (the activation dtype). Keyword-only.
+    """
 
     STORED_INT32 = frozenset({"tp", "max_batch"})
 
@@ -216,6 +232,7 @@ class FleetEvent(WireRecord, kind="fleet_event"):
     kind: FleetEventKind
     tp: int
     precision: str
+    kv_cache_dtype: str | None = field(default=None, kw_only=True)
     sm_clock_mhz: int
     max_batch: int
     hostnames: tuple[str, ...]
@@ -244,13 +261,6 @@ class DeadLetterRecord(WireRecord, kind="dead_letter"):
     def truncated(self) -> bool:
         """Whether `original_value_b64` holds only a prefix of the original."""
         return self.original_length is not None
-
-    def to_wire(self) -> dict[str, Any]:
-        """The wire dict; the truncation fields only when set (a complete dead letter is v1 as it was)."""
-        wire = WireRecord.to_wire(self)
-        if self.original_length is None and self.original_sha256 is None:
-            del wire["original_length"], wire["original_sha256"]
-        return wire
 
 
 #: The typed record class of each fixed-shape kind.
@@ -302,20 +312,23 @@ def frame_to_wire(kind: str, df: pl.DataFrame, *, validate: bool = True) -> list
     Parameters
     ----------
     kind : a fixed-shape record kind.
-    df : one row per record, one column per field (a ``schema_version`` column is optional); tz-aware
+    df : one row per record, one column per field (a ``schema_version`` column is optional; an optional field's
+        column too: a frame without it, e.g. recorded before the field, leaves it out of every row); tz-aware
         Datetime columns (any zone, converted to UTC).
     validate : check every row against the schema (SchemaError naming the row and field).
     """
     schema = frame_schema(kind)
+    optional = _record_type(kind).optional()  # left out when null, as `to_wire` does
     cols = [c for c in df.columns if c != "schema_version"]
-    missing, extra = [c for c in schema if c not in cols], sorted(set(cols) - set(schema))
+    missing = [c for c in schema if c not in cols and c not in optional]
+    extra = sorted(set(cols) - set(schema))
     if missing or extra:
         field = (missing or extra)[0]
         raise SchemaError(
             kind, f"frame columns differ from the schema: missing {missing}, unexpected {extra}", field
         )
     exprs = []
-    for name in schema:
+    for name in (c for c in schema if c in cols):
         dtype = df.schema[name]
         if isinstance(dtype, pl.Datetime):
             if dtype.time_zone is None:
@@ -326,7 +339,6 @@ def frame_to_wire(kind: str, df: pl.DataFrame, *, validate: bool = True) -> list
         else:
             exprs.append(pl.col(name))
     rows = df.select(pl.lit(SCHEMA_VERSION).alias("schema_version"), *exprs).to_dicts()
-    optional = set(schema) - set(load(kind)["required"])  # left out when null, as `to_wire` does
     if optional:
         rows = [{k: v for k, v in row.items() if v is not None or k not in optional} for row in rows]
     if validate:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from schemas.fleet import Site, power_limited_clock_mhz
+from schemas.fleet import KvCacheDtype, Site, power_limited_clock_mhz
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.runtime import CoefficientCorrections, Physics, coef_row, node_order, weight_read_s
 from worldmodel.physics.power import gpu_power_w
@@ -56,12 +56,11 @@ UNFITTED: tuple[tuple[str, str], ...] = (
     ("weights_load_s", "cold-start time kept at its cited default (fleet_events carry start and ready times)"),
     ("token_budget", "the engine's max_num_batched_tokens is not in the records; vLLM default per GPU type kept"),
     ("clock_power_exponent", "clocks do not vary in the records enough to fit it; modeled 2.2 kept"),
-    ("kv_cache_dtype", "fleet events do not carry it; the cited rows are taken with a bf16 ('auto') KV cache"),
     ("per_node_speed", "the pool factors hold the fleet's mean node; per-node fits are reported, not applied"),
 )
 #: order of a replica's fleet events at one instant (a prewarmed replica starts and is ready at once)
 _LIFECYCLE = {"replica_started": 0, "replica_reconfigured": 1, "replica_ready": 2, "replica_stopped": 3}
-_CONFIG = ("model", "gpu_type", "tp", "precision", "sm_clock_mhz")
+_CONFIG = ("model", "gpu_type", "tp", "precision", "kv_cache_dtype", "sm_clock_mhz")
 
 
 @dataclass(frozen=True)
@@ -209,11 +208,15 @@ def _seconds(col: str) -> pl.Expr:
 
 
 def _with_config(frame: pl.DataFrame, events: pl.DataFrame, at: str) -> pl.DataFrame:
-    """Each record with the configuration (tp, precision, clock) and lifecycle state of its replica at `at`
-    (the replica's latest fleet event strictly before)."""
+    """Each record with the configuration (tp, precision, KV-cache dtype, clock) and lifecycle state of its replica
+    at `at` (the replica's latest fleet event strictly before; a KV dtype not reported, or events from before the
+    field, are "auto")."""
+    auto = KvCacheDtype.AUTO.value
+    kv = pl.col("kv_cache_dtype").fill_null(auto) if "kv_cache_dtype" in events.columns else pl.lit(auto)
     ev = events.select(
         "replica_id", _seconds("event_at").alias("_ev_t"), pl.col("kind").alias("_kind"), "tp", "precision",
-        "sm_clock_mhz", pl.col("kind").replace_strict(_LIFECYCLE, default=len(_LIFECYCLE)).alias("_order"),
+        kv.alias("kv_cache_dtype"), "sm_clock_mhz",
+        pl.col("kind").replace_strict(_LIFECYCLE, default=len(_LIFECYCLE)).alias("_order"),
         pl.col("hostnames").list.first().alias("_node"),
     ).sort("_ev_t", "_order")  # fmt: skip
     return (
@@ -297,8 +300,8 @@ def _step_rows(rep: pl.DataFrame, row: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def _coef(key: tuple, physics: Physics) -> np.ndarray:
-    model, gpu, tp, precision, clock = key
-    return coef_row(model, gpu, int(tp), precision, float(clock), physics)
+    model, gpu, tp, precision, kv_dtype, clock = key
+    return coef_row(model, gpu, int(tp), precision, float(clock), physics, kv_dtype=kv_dtype)
 
 
 def _factor(name: str, fit: _Fit | None, i: int, unit: str, source: str, why_default: str) -> Factor:
@@ -315,7 +318,7 @@ def _power_rows(tel: pl.DataFrame, physics: Physics, decode_scale: float) -> tup
     """(idle W, dynamic W at the cited max) per warm sample whose prefill share the clock reveals, and power W."""
     x_rows, y = [], []
     for key, grp in tel.group_by(*_CONFIG, maintain_order=True):
-        model, gpu, tp, precision, clock = key
+        model, gpu, tp, precision, _, clock = key
         row = _coef(key, physics)
         f_pl = power_limited_clock_mhz(gpu)
         if clock <= f_pl:

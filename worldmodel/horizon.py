@@ -6,7 +6,7 @@ that length at the block's middle forecast. Between steps the snapshot advances 
 
 - replicas per pool become the step's predicted count (the forward model's autoscaler within the plan's floor
   and ceiling, its scale-down held by the 300 s stabilization, new replicas loading for the cold start), all
-  warm at the next step's start, and the plan's precision, clock and batch cap are in force (a precision
+  warm at the next step's start, and the plan's precision, KV dtype, clock and batch cap are in force (a precision
   change reloads once, in the first step, never again);
 - the deferrable backlog becomes the step's carried work, carried on the next step's forecast (it used to
   ride on the snapshot's queue and vanished when the snapshot had none); its deadline sample keeps the latest
@@ -90,7 +90,7 @@ def advance(snap: FleetSnapshot, plan: Plan, out: PredictedOutcome, period_s: fl
         pools.append(PoolState(
             p.site, p.model, p.gpu, n, 0, 0, p.tp, p.precision, float(p.sm_clock_mhz or 0), p.max_batch,
             running=prev.running if prev else 0.0, waiting=0.0,
-            clock_eff_mhz=prev.clock_eff_mhz if prev else 0.0,
+            clock_eff_mhz=prev.clock_eff_mhz if prev else 0.0, kv_dtype=p.kv_dtype,
         ))  # fmt: skip
     queues = [replace(q, outstanding=0, oldest_wait_s=0.0, deadlines_s=()) for q in snap.queues]
     return replace(snap, as_of=snap.as_of + timedelta(seconds=period_s), pools=tuple(pools), queues=tuple(queues),

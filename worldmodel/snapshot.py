@@ -39,6 +39,8 @@ class PoolState:
         below the applied clock when the power cap or heat throttles them.
     warm_age_s : seconds since the pool's newest warm replica last changed state (became ready, or was
         reconfigured; inf when none is warm): when the last scale-up ended.
+    kv_dtype : KV-cache dtype most recently applied (vLLM `--kv-cache-dtype`, "auto" = the activation dtype, or
+        "fp8"; fleet events that do not report it count as "auto").
     """
 
     site: str
@@ -56,6 +58,7 @@ class PoolState:
     waiting: float = 0.0
     clock_eff_mhz: float = 0.0
     warm_age_s: float = math.inf
+    kv_dtype: str = "auto"
 
     @property
     def key(self) -> PoolKey:
@@ -92,8 +95,9 @@ class FleetSnapshot:
     serving-model factors; risk_band : uncertainty multiplier (1-2);
     floors : replica floors of the plan in force per pool (count; empty when unknown).
     engine_args : per pool, the KV-cache dtype and chunked-prefill token budget (tokens, None = the engine's
-        default) of the plan in force, which fleet events do not carry (empty when unknown); the engine takes
-        both at start-up, so a plan changing either restarts the pool's replicas.
+        default) of the plan in force (empty when unknown; fleet events carry no token budget, the KV dtype they
+        report is `PoolState.kv_dtype`); the engine takes both at start-up, so a plan changing either restarts
+        the pool's replicas.
     """
 
     as_of: datetime
@@ -137,6 +141,7 @@ r AS (SELECT r0.* REPLACE (CASE WHEN r0.state = 'loading' AND coalesce(t.util_ma
 SELECT site, model, gpu_type, count(*) FILTER (WHERE state = 'warm') AS warm,
        count(*) FILTER (WHERE state = 'loading') AS loading, count(*) FILTER (WHERE state = 'cold') AS cold,
        arg_max(tp, since_at) AS tp, arg_max(precision, since_at) AS precision,
+       arg_max(kv_cache_dtype, since_at) AS kv_cache_dtype,
        arg_max(sm_clock_mhz, since_at) AS sm_clock_mhz, arg_max(max_batch, since_at) AS max_batch,
        list(epoch($as_of::TIMESTAMPTZ - since_at)) FILTER (WHERE state = 'loading') AS loading_elapsed_s,
        round(coalesce(avg(tel.running) FILTER (WHERE state = 'warm'), 0), {FLOAT_DIGITS}) AS running,
@@ -201,6 +206,7 @@ def snapshot(state: WorldState, as_of: datetime, lookback: timedelta = timedelta
             float(r["waiting"]),
             float(r["clock_eff_mhz"]),
             float(r["warm_age_s"]) if r["warm_age_s"] is not None else math.inf,
+            r["kv_cache_dtype"],
         )
         for r in state.frame(_POOLS_SQL, p).iter_rows(named=True)
     )

@@ -225,6 +225,7 @@ def _snapshot(plan: Plan, as_of: datetime) -> FleetSnapshot:
             precision=p.precision,
             sm_clock_mhz=p.sm_clock_mhz,
             max_batch=p.max_batch,
+            kv_dtype=p.kv_dtype,
         )
         for p in plan.pools
     )

@@ -197,7 +197,7 @@ def fitted_policy(fit: AutoscalerFit | None) -> Policy:
 class RecordedFleetPolicy(Policy):
     """The recorded fleet imposed: in period k each pool's autoscaler moves between the fewest and the most
     replicas recorded in that period (past the records: the last recorded period's bounds), with the
-    recorded tp, precision, batch cap and clock, production's routing, ordering and admission.
+    recorded tp, precision, KV-cache dtype, batch cap and clock, production's routing, ordering and admission.
 
     Parameters
     ----------
@@ -221,7 +221,7 @@ class RecordedFleetPolicy(Policy):
         for key, p in self.templates.items():
             b = self.bounds.get(key)
             lo, hi = b[min(k, len(b) - 1)] if b else (0, 0)
-            pools.append(PoolPlan(p.site, p.model, p.gpu, lo, hi, p.tp, p.precision, p.max_batch, p.sm_clock_mhz))
+            pools.append(replace(p, replica_floor=lo, replica_ceiling=hi))
         return Plan(
             tuple(pools),
             Routing.PREFIX_LOAD,

@@ -23,6 +23,7 @@ from schemas.fleet import (
     SM_CLOCK_RANGE_MHZ,
     FleetSpec,
     GpuType,
+    KvCacheDtype,
     NodeGroup,
     Site,
     default_max_num_seqs,
@@ -156,7 +157,8 @@ def spans(records: Records, start: datetime, end_s: float, report: HistoryReport
         for r in ev.iter_rows(named=True):
             key = (r["site"], r["model"], r["gpu_type"])
             pools[key] = PoolPlan(
-                *key, 0, 0, int(r["tp"]), str(r["precision"]), int(r["max_batch"]), int(r["sm_clock_mhz"])
+                *key, 0, 0, int(r["tp"]), str(r["precision"]), int(r["max_batch"]), int(r["sm_clock_mhz"]),
+                kv_dtype=str(r.get("kv_cache_dtype") or KvCacheDtype.AUTO),  # absent from older records: auto
             )
             if r["kind"] == "replica_stopped":
                 span = open_.pop(r["replica_id"], None)

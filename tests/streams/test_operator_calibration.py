@@ -61,6 +61,22 @@ def test_the_calibration_starts_from_the_cited_coefficients(example):
     assert a.as_dict() == b.as_dict()
 
 
+def test_the_calibration_reads_the_kv_cache_dtype_of_the_fleet_events(example):
+    """The example ran every pool with an "auto" KV cache: fleet events without the field (recorded before it)
+    give the same fit; the fp8 pool's events claiming an fp8 KV cache (half the KV read time) change its decode
+    factor, and only its."""
+    records, _ = example
+    ev = records["fleet_events"]
+    assert ev["kv_cache_dtype"].unique().to_list() == ["auto"]
+    a = calibrate(records["completions"], records["telemetry"], ev)
+    assert calibrate(records["completions"], records["telemetry"], ev.drop("kv_cache_dtype")).as_dict() == a.as_dict()
+    fp8 = ev.with_columns(pl.when(pl.col("precision") == "fp8").then(pl.lit("fp8")).otherwise("kv_cache_dtype")
+                          .alias("kv_cache_dtype"))  # fmt: skip
+    b = calibrate(records["completions"], records["telemetry"], fp8)
+    changed = {p.model for p in b.pools if p.factor("decode_scale") != a.pool(p.model, p.gpu).factor("decode_scale")}
+    assert changed == set(ev.filter(pl.col("precision") == "fp8")["model"].unique()) != set()
+
+
 def test_what_the_records_cannot_identify_stays_at_its_cited_default(example):
     """Clocks locked at or below the power-limited clock leave no prefill dip in telemetry, so the power factors
     cannot be fitted; a history without completions of a model leaves its step factors unfitted too."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import types
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import get_type_hints
 from zoneinfo import ZoneInfo
@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from schemas import SchemaError, load, validate
-from schemas.fleet import Precision
+from schemas.fleet import KvCacheDtype, Precision
 from schemas.protocol import RequestClass
 from schemas.records import (
     RECORD_TYPES,
@@ -149,6 +149,7 @@ def test_enums_match_schema():
     assert [str(r) for r in MarketRun] == props["price"]["market_run"]["enum"]
     assert [str(k) for k in FleetEventKind] == props["fleet_event"]["kind"]["enum"]
     assert {str(p) for p in Precision} <= set(props["fleet_event"]["precision"]["enum"])
+    assert [*(str(k) for k in KvCacheDtype), None] == props["fleet_event"]["kv_cache_dtype"]["enum"]
 
 
 @pytest.mark.parametrize("kind", list(RECORDS))
@@ -217,3 +218,26 @@ def test_frame_rows_are_validated():
     with pytest.raises(SchemaError) as info:
         wire_to_frame("request_completion", [RECORDS["request_completion"].to_wire(), bad])
     assert info.value.reason.startswith("row 1: ") and info.value.field == "output_tokens"
+
+
+def test_fleet_event_kv_cache_dtype_round_trips_and_may_be_absent():
+    """The KV-cache dtype rides the wire when reported; a record without it (recorded before the field) decodes
+    to None, i.e. "auto", and one with None goes out without it, as v1 was."""
+    fp8 = replace(RECORDS["fleet_event"], kv_cache_dtype=KvCacheDtype.FP8.value)
+    wire = fp8.to_wire()
+    assert wire["kv_cache_dtype"] == "fp8"
+    assert FleetEvent.from_wire(json.loads(json.dumps(wire))) == fp8
+    old = RECORDS["fleet_event"].to_wire()
+    assert "kv_cache_dtype" not in old and FleetEvent.from_wire(old).kv_cache_dtype is None
+    assert FleetEvent.from_wire(old | {"kv_cache_dtype": None}) == RECORDS["fleet_event"]
+    df = wire_to_frame("fleet_event", [wire, old])
+    assert df["kv_cache_dtype"].to_list() == ["fp8", None]
+    assert frame_to_wire("fleet_event", df) == [wire, old]
+    assert frame_to_wire("fleet_event", df.drop("kv_cache_dtype")) == [old, old]  # a frame from before the field
+
+
+def test_fleet_event_rejects_an_unknown_kv_cache_dtype():
+    wire = RECORDS["fleet_event"].to_wire() | {"kv_cache_dtype": "fp4"}
+    with pytest.raises(SchemaError) as info:
+        FleetEvent.from_wire(wire)
+    assert info.value.field == "kv_cache_dtype" and "one of" in info.value.reason, info.value.reason

@@ -13,14 +13,18 @@ physics coefficients, as in test_groundtruth.py.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import numpy as np
 import polars as pl
 import pytest
 
 from schemas.fleet import PRECISION_INDEX, Precision, default_fleet
 from schemas.plan import BatchAdmission, Ordering, Plan, PoolPlan, Routing
+from schemas.records import frame_schema
 from streams.workload.builder import REQUEST_SCHEMA
 from worldmodel.groundtruth import state as st
+from worldmodel.groundtruth.observe import ObservationStream
 from worldmodel.groundtruth.runtime import Physics, SiteRuntime
 from worldmodel.physics import step_coefficients
 
@@ -86,6 +90,13 @@ def tel(rt: SiteRuntime) -> pl.DataFrame:
                          "temp": lg.tel_temp[:n]})
 
 
+def reconfigured_engines(rt: SiteRuntime) -> set[tuple[str, str]]:
+    """(precision, kv_cache_dtype) the observed fleet events of replica reconfigurations report."""
+    ev = ObservationStream(rt, datetime(2023, 7, 1, tzinfo=UTC), SITE, pl.DataFrame(schema=frame_schema("price")))
+    return set(ev.fleet_events().filter(pl.col("kind") == "replica_reconfigured")
+               .select("precision", "kv_cache_dtype").iter_rows())  # fmt: skip
+
+
 def site_log(rt: SiteRuntime) -> pl.DataFrame:
     lg, n = rt.logs, int(rt.logs.n_site[0])
     return pl.DataFrame({"t": lg.site_t[:n], "it_w": lg.site_it_w[:n], "gpus": lg.site_gpus[:n],
@@ -126,6 +137,7 @@ def test_precision_switch_reloads_serves_nothing_while_loading_then_serves_faste
     reconf = rt.logs.ev_kind[:n_ev] == st.EV_RECONFIGURED
     assert sorted(rt.logs.ev_rep[:n_ev][reconf].tolist()) == reps.tolist()
     assert (rt.logs.ev_t[:n_ev][reconf] == SWITCH_S).all()
+    assert reconfigured_engines(rt) == {("fp8", "auto")}  # fp8 weights, the KV cache left at "auto"
 
     # while loading: not a token generated, nothing dispatched or completed
     rt.advance(ready_at - 1e-6)
@@ -187,6 +199,7 @@ def test_kv_dtype_change_reloads_the_replica_like_a_precision_change() -> None:
     assert rt.rep.coef[reps, st.C_KV] == pytest.approx([auto.per_kv_token_s / 2] * 2, rel=1e-12)
     n_ev = int(rt.logs.n_ev[0])
     assert sorted(rt.logs.ev_rep[:n_ev][rt.logs.ev_kind[:n_ev] == st.EV_RECONFIGURED].tolist()) == reps.tolist()
+    assert reconfigured_engines(rt) == {("fp8", "fp8")}  # what the fleet events tell the world model
     rt.advance(SWITCH_S + 1.0)
     rt.apply_plan(static_plan(pool("H100", 2, precision="fp8", kv_dtype="fp8")))  # the same again: no restart
     assert rt.rep.ready_at[reps] == pytest.approx([SWITCH_S + fp8kv.weights_load_s] * 2, rel=1e-12)

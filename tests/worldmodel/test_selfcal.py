@@ -98,6 +98,26 @@ def test_ewma_stats_merge_like_pooled():
     assert a.n == 80 and a.mean == pytest.approx(both.mean()) and a.var == pytest.approx(both.var())
 
 
+def test_the_decode_residual_predicts_at_the_kv_dtype_the_fleet_reports():
+    """A replica of fp8 weights reporting an fp8 KV cache is predicted as one (half the KV bytes a decode step
+    reads), so its residual does not read the cache's speed-up as a faster engine and fold it into the fp8 factor
+    that the planner then applies to fp8 plans on top of their own cache."""
+    predicted = {}
+    for kv in ("auto", "fp8"):
+        ws = WorldState.open(":memory:")
+        arr = syn.arrivals(T0, 300, rate_per_s=2.0)
+        ws.update({
+            "request_arrival": arr,
+            "request_completion": syn.completions(arr, tpot_s=0.05, prefill_s_per_token=2e-5),
+            "gpu_telemetry": syn.telemetry(T0, 8 * 8 * 120, hosts=8),
+            "fleet_event": syn.fleet_events(T0 - timedelta(minutes=1), 1, precision="fp8", kv_cache_dtype=kv),
+        })  # fmt: skip
+        res = period_residuals(ws, ServingModel(), T0, T0 + timedelta(minutes=10))
+        dec = res.filter(pl.col("quantity") == "decode")
+        predicted[kv] = float(dec["predicted"][0])
+    assert predicted["fp8"] < 0.95 * predicted["auto"]
+
+
 def test_residuals_and_state_round_trip():
     ws = WorldState.open(":memory:")
     arr = syn.arrivals(T0, 300, rate_per_s=2.0)
@@ -209,8 +229,9 @@ def test_implied_decode_step_inverts_the_interference_median():
 
 
 def test_unobserved_precision_gets_a_partial_credit_and_observed_its_own_factor():
-    cfg8 = PoolConfig("H100", "llama-3.1-8b", 1, "fp8", 1980)
-    cfg16 = replace(cfg8, precision="bf16")
+    # fp8 weights with an fp8 KV cache: every byte a decode step reads halves, the roofline gain `_decode_gain` is
+    cfg8 = PoolConfig("H100", "llama-3.1-8b", 1, "fp8", 1980, "fp8")
+    cfg16 = replace(cfg8, precision="bf16", kv_dtype="auto")
     roof = ServingModel()  # no corrections: the full roofline gain (what an uncalibrated model assumes)
     gain = roof.decode_step_s(cfg16, 8, 1500) / roof.decode_step_s(cfg8, 8, 1500)
     half = ServingModel(corrections=Corrections(precision_credit=0.5))

@@ -67,6 +67,39 @@ def test_fleet_events_drive_replica_state():
     assert ws.frame("SELECT state FROM replicas WHERE replica_id = 'r-000'")["state"][0] == "loading"
 
 
+def test_kv_cache_dtype_reaches_the_replicas_and_the_snapshot():
+    """A pool whose replicas report an fp8 KV cache snapshots as kv_dtype "fp8"; events without the field (recorded
+    before it) as "auto"; a reconfiguration that changes only the KV dtype restarts the engine (loading)."""
+    ws = WorldState.open(":memory:")
+    ws.update({"fleet_event": syn.fleet_events(T0, 2, precision="fp8", kv_cache_dtype="fp8")})
+    old = syn.fleet_events(T0, 1, model="llama-3.1-8b", tp=1).drop("kv_cache_dtype")
+    ws.update({"fleet_event": old.with_columns(pl.lit("r-100").alias("replica_id"))})
+    assert dict(ws.frame("SELECT replica_id, kv_cache_dtype FROM replicas").iter_rows()) == {
+        "r-000": "fp8", "r-001": "fp8", "r-100": "auto"}
+    snap = snapshot(ws, T0 + timedelta(minutes=1))
+    assert snap.pool(("PJM-1", "llama-3.1-70b", "H100")).kv_dtype == "fp8"
+    assert snap.pool(("PJM-1", "llama-3.1-8b", "H100")).kv_dtype == "auto"
+    back = syn.fleet_events(T0 + timedelta(minutes=2), 1, kind="replica_reconfigured", precision="fp8")
+    ws.update({"fleet_event": back})
+    row = ws.frame("SELECT state, kv_cache_dtype FROM replicas WHERE replica_id = 'r-000'").row(0)
+    assert row == ("loading", "auto")
+
+
+def test_migrating_a_v3_file_adds_the_kv_cache_dtype(tmp_path):
+    path = tmp_path / "v3.duckdb"
+    con = duckdb.connect(str(path))
+    assert migrate(con, target=3) == 3
+    ev = syn.fleet_events(T0, 2).drop("kv_cache_dtype")
+    con.register("e", ev.to_arrow())
+    con.execute("INSERT INTO fleet_event BY NAME SELECT * FROM e").fetchall()
+    con.close()
+    ws = WorldState.open(path)
+    ws.update({"fleet_event": syn.fleet_events(T0, 1, precision="fp8", kv_cache_dtype="fp8").with_columns(
+        pl.lit("r-009").alias("replica_id"))})
+    kv = dict(ws.frame("SELECT replica_id, kv_cache_dtype FROM replicas").iter_rows())
+    assert kv == {"r-000": "auto", "r-001": "auto", "r-009": "fp8"}
+
+
 def test_migrating_a_v1_file_keeps_its_data(tmp_path):
     path = tmp_path / "v1.duckdb"
     con = duckdb.connect(str(path))
@@ -77,7 +110,7 @@ def test_migrating_a_v1_file_keeps_its_data(tmp_path):
     con.execute("INSERT INTO consumer_positions VALUES ('aurelius.requests', 0, 7)").fetchall()
     con.close()
     ws = WorldState.open(path)
-    assert ws.version == CURRENT_VERSION == 3
+    assert ws.version == CURRENT_VERSION == 4
     assert ws.count("request_arrival") == 7
     assert ws.positions() == {("aurelius.requests", 0): 7}
     assert "calibration_state" in ws.tables() and "replicas" in ws.tables()

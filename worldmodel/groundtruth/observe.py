@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from schemas.fleet import GPUS_PER_NODE, PRECISION_INDEX
+from schemas.fleet import GPUS_PER_NODE
 from schemas.policy import Observations
 from schemas.protocol import CLASSES
+from worldmodel.groundtruth.state import decode_precision
 
 _UTC = pl.Datetime("us", "UTC")
 _EVENT_KINDS = ("replica_started", "replica_ready", "replica_stopped", "replica_reconfigured")
-_PRECISIONS = {v: str(k) for k, v in PRECISION_INDEX.items()}
 _CLASSES = np.array(CLASSES)
 _GPU_NAMES = np.array(["H100", "A100"])
 _FRAMES = ("arrivals", "completions", "telemetry", "fleet_events", "prices")
@@ -266,6 +266,7 @@ class ObservationStream:
         start, rep_site, keys = self.start, self.rep_site, rt.pool_keys
 
         def build() -> pl.DataFrame:
+            engine = [decode_precision(code) for code in prec.tolist()]  # (weights, KV dtype) per event
             return pl.DataFrame(
                 {
                     "schema_version": ["1"] * len(rep),
@@ -277,8 +278,8 @@ class ObservationStream:
                     "gpu_type": [keys[p][2] for p in pool],
                     "kind": [_EVENT_KINDS[k] for k in kind],
                     "tp": tp,
-                    # the weights' part of the precision code (groundtruth.state.precision_code)
-                    "precision": [_PRECISIONS[int(x) % len(_PRECISIONS)] for x in prec],
+                    "precision": [w for w, _ in engine],
+                    "kv_cache_dtype": [kv for _, kv in engine],
                     "sm_clock_mhz": clock,
                     "max_batch": max_batch,
                     "hostnames": [

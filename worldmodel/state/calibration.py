@@ -55,7 +55,8 @@ prompts AS (SELECT replica_id, count(*) AS n, avg(input_tokens - coalesce(cached
             FROM main.request_completion WHERE event_at >= $s AND event_at < $as_of AND arrived_at <= $as_of
             GROUP BY 1)
 SELECT c.*, pf.ttft_lo, pf.new_lo, pf.n_lo, pf.ttft_hi, pf.new_hi, pf.n_hi, prompts.n, prompts.new_mean,
-       r.gpu_type, r.model, r.tp, r.precision, r.sm_clock_mhz, coalesce(r.hostnames[1], c.replica_id) AS node,
+       r.gpu_type, r.model, r.tp, r.precision, r.kv_cache_dtype, r.sm_clock_mhz,
+       coalesce(r.hostnames[1], c.replica_id) AS node,
        coalesce(tel.running, 1.0) AS running
 FROM c JOIN r USING (replica_id) JOIN prompts USING (replica_id) LEFT JOIN tel USING (replica_id)
   LEFT JOIN pf USING (replica_id)
@@ -120,6 +121,7 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
             int(r["tp"] or 1),
             r["precision"] or "bf16",
             clock_or_max(r["gpu_type"], r["sm_clock_mhz"]),
+            r["kv_cache_dtype"] or "auto",
         )
         rate = float(r["n"]) / period_s
         new_mean = float(r["new_mean"] or 0.0)

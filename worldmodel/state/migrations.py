@@ -4,7 +4,8 @@ Every migration is a function taking a connection; ``MIGRATIONS[i]`` moves a dat
 ``i + 1`` and runs inside the caller's transaction, so a failed migration leaves the file unchanged.
 Version 1 holds the raw observations and consumer positions; version 2 adds fleet state, per-period
 aggregates and forecasts; version 3 adds self-calibration (residuals, factors, CUSUM state) and an
-``ingested_at`` column on the raw tables.
+``ingested_at`` column on the raw tables; version 4 adds the replicas' KV-cache dtype (``kv_cache_dtype``) to
+fleet events and fleet state.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ class RawKind:
     """One raw record kind: its table, primary-key columns and column DDL (order = insert order).
 
     key_defaults : SQL value stored for a nullable key field that arrives null (e.g. node-level telemetry).
+    added_in : (column, schema version) of each column a later migration adds (`_add_columns`); version 1
+        creates the others.
     """
 
     table: str
     key: tuple[str, ...]
     columns: tuple[tuple[str, str], ...]
     key_defaults: tuple[tuple[str, str], ...] = ()
+    added_in: tuple[tuple[str, int], ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -130,10 +134,12 @@ RAW_KINDS: dict[str, RawKind] = {
             ("gpu_type", "VARCHAR"),
             ("tp", "INTEGER"),
             ("precision", "VARCHAR"),
+            ("kv_cache_dtype", "VARCHAR"),
             ("sm_clock_mhz", "DOUBLE"),
             ("max_batch", "INTEGER"),
             ("hostnames", "VARCHAR[]"),
         ),
+        added_in=(("kv_cache_dtype", 4),),
     ),
 }
 
@@ -143,9 +149,19 @@ def _create(con: duckdb.DuckDBPyConnection, table: str, columns: str, key: tuple
     con.execute(f'CREATE TABLE "{table}" ({columns}, PRIMARY KEY ({pk}))').fetchall()
 
 
+def _add_columns(con: duckdb.DuckDBPyConnection, version: int) -> None:
+    """Add the raw tables' columns that `version` introduces (`RawKind.added_in`)."""
+    for kind in RAW_KINDS.values():
+        ddl = dict(kind.columns)
+        for c, v in kind.added_in:
+            if v == version:
+                con.execute(f'ALTER TABLE "{kind.table}" ADD COLUMN "{c}" {ddl[c]}').fetchall()
+
+
 def _v1(con: duckdb.DuckDBPyConnection) -> None:
     for kind in RAW_KINDS.values():
-        _create(con, kind.table, ", ".join(f'"{c}" {t}' for c, t in kind.columns), kind.key)
+        later = dict(kind.added_in)
+        _create(con, kind.table, ", ".join(f'"{c}" {t}' for c, t in kind.columns if c not in later), kind.key)
     _create(
         con,
         "consumer_positions",
@@ -209,7 +225,12 @@ def _v3(con: duckdb.DuckDBPyConnection) -> None:
     _create(con, "risk_band", "recorded_at TIMESTAMPTZ, band DOUBLE, reason VARCHAR", ("recorded_at",))
 
 
-MIGRATIONS: tuple[Callable[[duckdb.DuckDBPyConnection], None], ...] = (_v1, _v2, _v3)
+def _v4(con: duckdb.DuckDBPyConnection) -> None:
+    _add_columns(con, 4)
+    con.execute("ALTER TABLE replicas ADD COLUMN kv_cache_dtype VARCHAR").fetchall()
+
+
+MIGRATIONS: tuple[Callable[[duckdb.DuckDBPyConnection], None], ...] = (_v1, _v2, _v3, _v4)
 CURRENT_VERSION = len(MIGRATIONS)
 
 

@@ -17,26 +17,32 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from schemas.fleet import KvCacheDtype
 from schemas.forecast import DisturbanceForecast, Interval
 from worldmodel.state.migrations import RAW_KINDS, migrate, schema_version
 
 #: Decimal places the decision's reads round a float average to (requests, MHz, W, tokens): DuckDB's parallel
 #: sums of doubles differ in the last bit from run to run, and what a decision reads must not.
 FLOAT_DIGITS = 6
-#: Replica state from the last fleet event of each replica that arrived by $as_of.
-REPLICA_STATE_SQL = """
+#: Replica state from the last fleet event of each replica that arrived by $as_of; a reconfiguration that
+#: changes the weights' precision or the KV-cache dtype (null: "auto") restarts the engine (loading).
+REPLICA_STATE_SQL = f"""
 WITH ev AS (
-  SELECT *, lag(precision) OVER (PARTITION BY replica_id ORDER BY event_at, kind) AS prev_precision,
-         row_number() OVER (PARTITION BY replica_id ORDER BY event_at DESC, kind DESC) AS rn
+  SELECT * REPLACE (coalesce(kv_cache_dtype, '{KvCacheDtype.AUTO}') AS kv_cache_dtype)
   FROM fleet_event WHERE arrived_at <= $as_of::TIMESTAMPTZ
+), ev1 AS (
+  SELECT *, lag((precision, kv_cache_dtype)) OVER (PARTITION BY replica_id ORDER BY event_at, kind) AS prev_engine,
+         row_number() OVER (PARTITION BY replica_id ORDER BY event_at DESC, kind DESC) AS rn
+  FROM ev
 )
 SELECT replica_id,
        CASE kind WHEN 'replica_started' THEN 'loading' WHEN 'replica_stopped' THEN 'cold'
                  WHEN 'replica_reconfigured' THEN
-                   CASE WHEN prev_precision IS DISTINCT FROM precision THEN 'loading' ELSE 'warm' END
+                   CASE WHEN prev_engine IS DISTINCT FROM (precision, kv_cache_dtype) THEN 'loading' ELSE 'warm' END
                  ELSE 'warm' END AS state,
-       site, model, gpu_type, tp, precision, sm_clock_mhz, max_batch, hostnames, event_at AS since_at
-FROM ev WHERE rn = 1
+       site, model, gpu_type, tp, precision, kv_cache_dtype, sm_clock_mhz, max_batch, hostnames,
+       event_at AS since_at
+FROM ev1 WHERE rn = 1
 """
 
 
@@ -170,7 +176,7 @@ class WorldState:
 
     def _refresh_replicas(self) -> None:
         _rows(self.con, "DELETE FROM replicas")
-        _rows(self.con, f"INSERT INTO replicas {REPLICA_STATE_SQL}", {"as_of": "infinity"})
+        _rows(self.con, f"INSERT INTO replicas BY NAME {REPLICA_STATE_SQL}", {"as_of": "infinity"})
 
     def positions(self) -> dict[tuple[str, int], int]:
         """Committed consumer positions: next offset per (topic, partition)."""

@@ -141,6 +141,7 @@ def fleet_events(
     site: str = "PJM-1",
     sm_clock_mhz: float = 1980.0,
     max_batch: int = 256,
+    kv_cache_dtype: str = "auto",
 ) -> pl.DataFrame:
     """One fleet event per replica ``r-000``..; hostnames ``node-NNN`` (one node per replica)."""
     ts = pl.Series([at] * replicas, dtype=_UTC)
@@ -155,6 +156,7 @@ def fleet_events(
             "kind": kind,
             "tp": tp,
             "precision": precision,
+            "kv_cache_dtype": kv_cache_dtype,
             "sm_clock_mhz": sm_clock_mhz,
             "max_batch": max_batch,
             "hostnames": [[f"node-{i:03d}"] for i in range(replicas)],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from streams.cli import main
 from streams.history import recorded
 from streams.history.checks import Records, check
 from streams.history.config import load_config
-from streams.history.reader import RawHistory, read_directory, read_topics
+from streams.history.reader import RawHistory, conform, empty, read_directory, read_topics
 from streams.history.report import HistoryReport
 from streams.history.workload import build_history_workload, history, prices_for, replay_range
 from streams.publish import load_directory, publish
@@ -30,6 +30,7 @@ from streams.replay.driver import run_replay
 from streams.worked_example import ExampleSpec, generate_history
 from streams.workload.builder import Workload
 from tests.worldmodel.test_groundtruth import Recording
+from worldmodel.state import synthetic as syn
 
 pytestmark = pytest.mark.slow  # the module fixture runs two replays
 
@@ -172,6 +173,22 @@ def test_no_output_size_before_its_completion(generated: Path) -> None:
         for rid, out in zip(comp["request_id"], comp["output_tokens"], strict=True):
             assert truth[rid] == out
     assert shown > 0
+
+
+def test_recorded_pools_take_the_kv_cache_dtype_auto_where_absent() -> None:
+    """A pool's template takes the KV-cache dtype its fleet events report; events without it (recorded before the
+    field) mean "auto"."""
+    start = datetime(2023, 7, 1, tzinfo=UTC)
+    ev = pl.concat([
+        syn.fleet_events(start, 1, precision="fp8", kv_cache_dtype="fp8", site="site-pjm"),
+        syn.fleet_events(start, 1, model="llama-3.1-8b", tp=1, site="site-pjm").with_columns(
+            pl.lit(None, pl.String).alias("kv_cache_dtype"), pl.lit("r-100").alias("replica_id")),
+    ])
+    frames = {k: empty(k) for k in ("request_arrival", "request_completion", "gpu_telemetry", "price")}
+    records = Records(frames["request_arrival"], frames["request_completion"], frames["gpu_telemetry"],
+                      conform("fleet_event", ev), frames["price"])
+    pools = recorded.spans(records, start, 600.0, HistoryReport()).pools
+    assert {k[1]: p.kv_dtype for k, p in pools.items()} == {"llama-3.1-70b": "fp8", "llama-3.1-8b": "auto"}
 
 
 def _one(directory: Path, check_name: str, **frames: pl.DataFrame) -> list[Any]:
