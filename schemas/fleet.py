@@ -48,25 +48,28 @@ def kv_dtype_for(precision: str, kv_dtype: str) -> str:
     return kv_dtype if kv_dtype in KV_DTYPES_BY_PRECISION[Precision(precision)] else str(KvCacheDtype.AUTO)
 
 
-def kv_storage(precision: str, kv_dtype: str = "auto") -> Precision:
-    """The dtype the KV cache is stored in for weights `precision` and vLLM `kv_dtype` ('auto' | 'fp8'): 'auto'
-    keeps the activation dtype (bf16, for bf16 and fp8 weights alike); 'fp8' is offered with fp8 weights only
-    (`KV_DTYPES_BY_PRECISION`). ValueError for an unknown dtype or a combination not offered. The one rule the
-    ground truth's physics and the planner's serving model both follow.
+def kv_storage(kv_dtype: str = "auto") -> Precision:
+    """The dtype vLLM stores the KV cache in for `kv_dtype` ('auto' keeps the activation dtype, bf16, whatever the
+    weights; 'fp8'): the one rule the ground truth's physics and the planner's serving model both follow.
+    ValueError for an unknown dtype. Which pairs with weights the fleet offers is `check_kv_dtype`'s question:
+    the planner predicts whatever a fleet reports (vLLM also runs an fp8 cache beside bf16 weights).
 
-    >>> kv_storage("fp8", "fp8"), kv_storage("fp8", "auto"), kv_storage("bf16")
-    (<Precision.FP8: 'fp8'>, <Precision.BF16: 'bf16'>, <Precision.BF16: 'bf16'>)
+    >>> kv_storage("fp8"), kv_storage("auto")
+    (<Precision.FP8: 'fp8'>, <Precision.BF16: 'bf16'>)
     """
-    prec = Precision(precision)
     try:
         kv = KvCacheDtype(kv_dtype)
     except ValueError as exc:
         known = [k.value for k in KvCacheDtype]
         raise ValueError(f"unknown KV-cache dtype {kv_dtype!r}; expected one of {known}") from exc
-    if kv not in KV_DTYPES_BY_PRECISION[prec]:
-        raise ValueError(f"{precision} weights do not run with kv_dtype {kv_dtype!r}; offered: "
-                         f"{[k.value for k in KV_DTYPES_BY_PRECISION[prec]]}")
     return Precision.FP8 if kv == KvCacheDtype.FP8 else Precision.BF16
+
+
+def check_kv_dtype(precision: str, kv_dtype: str) -> None:
+    """ValueError unless weights in `precision` are offered with `kv_dtype` (`KV_DTYPES_BY_PRECISION`)."""
+    if KvCacheDtype(kv_dtype) not in KV_DTYPES_BY_PRECISION[Precision(precision)]:
+        raise ValueError(f"{precision} weights do not run with kv_dtype {kv_dtype!r}; offered: "
+                         f"{[k.value for k in KV_DTYPES_BY_PRECISION[Precision(precision)]]}")
 
 #: SM clock range per GPU type (MHz); max is the default boost clock.
 SM_CLOCK_RANGE_MHZ: dict[GpuType, tuple[int, int]] = {GpuType.H100: (1095, 1980), GpuType.A100: (1005, 1410)}

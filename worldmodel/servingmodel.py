@@ -310,7 +310,7 @@ GainFn = Callable[[str, str], float]
 
 def _kv(cfg: PoolConfig) -> str:
     """The dtype `cfg`'s KV cache is stored in ('bf16' | 'fp8')."""
-    return str(kv_storage(cfg.precision, cfg.kv_dtype))
+    return str(kv_storage(cfg.kv_dtype))
 
 
 def _decode_gain(gpu: str, precision: str) -> float:

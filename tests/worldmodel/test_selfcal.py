@@ -103,19 +103,20 @@ def test_the_decode_residual_predicts_at_the_kv_dtype_the_fleet_reports():
     reads), so its residual does not read the cache's speed-up as a faster engine and fold it into the fp8 factor
     that the planner then applies to fp8 plans on top of their own cache."""
     predicted = {}
-    for kv in ("auto", "fp8"):
+    for precision, kv in (("fp8", "auto"), ("fp8", "fp8"), ("bf16", "fp8")):  # the last: vLLM runs it, we read it
         ws = WorldState.open(":memory:")
         arr = syn.arrivals(T0, 300, rate_per_s=2.0)
         ws.update({
             "request_arrival": arr,
             "request_completion": syn.completions(arr, tpot_s=0.05, prefill_s_per_token=2e-5),
             "gpu_telemetry": syn.telemetry(T0, 8 * 8 * 120, hosts=8),
-            "fleet_event": syn.fleet_events(T0 - timedelta(minutes=1), 1, precision="fp8", kv_cache_dtype=kv),
+            "fleet_event": syn.fleet_events(T0 - timedelta(minutes=1), 1, precision=precision, kv_cache_dtype=kv),
         })  # fmt: skip
         res = period_residuals(ws, ServingModel(), T0, T0 + timedelta(minutes=10))
         dec = res.filter(pl.col("quantity") == "decode")
-        predicted[kv] = float(dec["predicted"][0])
-    assert predicted["fp8"] < 0.95 * predicted["auto"]
+        predicted[precision, kv] = float(dec["predicted"][0])
+    assert predicted["fp8", "fp8"] < 0.95 * predicted["fp8", "auto"]
+    assert predicted["bf16", "fp8"] > predicted["fp8", "fp8"]  # bf16 weights read twice the weight bytes
 
 
 def test_residuals_and_state_round_trip():

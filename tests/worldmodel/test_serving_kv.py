@@ -47,6 +47,13 @@ def test_a_plans_kv_dtype_reaches_the_capacity_gate():
     assert fp8kv == pytest.approx(2 * auto, rel=1e-9)
 
 
-def test_an_offered_pair_only():
-    with pytest.raises(ValueError, match="kv_dtype"):
-        ServingModel().kv_capacity_tokens(PoolConfig("H100", "llama-3.1-8b", 1, "bf16", 1980.0, "fp8"))
+def test_a_reported_pair_the_fleet_vocabulary_does_not_offer_is_predicted_not_refused():
+    """vLLM runs an fp8 cache beside bf16 weights; a fleet that reports one is predicted with an fp8 cache (the
+    fleet's vocabulary, `KV_DTYPES_BY_PRECISION`, bounds what plans choose, not what the calibration reads: one
+    such fleet event must not stop the worker). An unknown dtype is still an error."""
+    sm = ServingModel()
+    bf16_fp8 = PoolConfig("H100", "llama-3.1-8b", 1, "bf16", 1980.0, "fp8")
+    bf16 = PoolConfig("H100", "llama-3.1-8b", 1, "bf16", 1980.0)
+    assert sm.kv_capacity_tokens(bf16_fp8) == pytest.approx(2 * sm.kv_capacity_tokens(bf16), rel=1e-9)
+    with pytest.raises(ValueError, match="KV-cache dtype"):
+        sm.kv_capacity_tokens(PoolConfig("H100", "llama-3.1-8b", 1, "bf16", 1980.0, "int8"))
