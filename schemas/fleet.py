@@ -67,9 +67,11 @@ def kv_storage(kv_dtype: str = "auto") -> Precision:
 
 def check_kv_dtype(precision: str, kv_dtype: str) -> None:
     """ValueError unless weights in `precision` are offered with `kv_dtype` (`KV_DTYPES_BY_PRECISION`)."""
-    if KvCacheDtype(kv_dtype) not in KV_DTYPES_BY_PRECISION[Precision(precision)]:
+    offered = KV_DTYPES_BY_PRECISION[Precision(precision)]
+    if KvCacheDtype(kv_dtype) not in offered:
         raise ValueError(f"{precision} weights do not run with kv_dtype {kv_dtype!r}; offered: "
-                         f"{[k.value for k in KV_DTYPES_BY_PRECISION[Precision(precision)]]}")
+                         f"{[k.value for k in offered]}")
+
 
 #: SM clock range per GPU type (MHz); max is the default boost clock.
 SM_CLOCK_RANGE_MHZ: dict[GpuType, tuple[int, int]] = {GpuType.H100: (1095, 1980), GpuType.A100: (1005, 1410)}
