@@ -633,7 +633,7 @@ def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     audits = [s["realized_regret"] for s in per_seed if "realized_regret" in s]
     if audits:  # pooled over the seeds' audited decisions
         out["realized_regret"] = _pooled_regret(audits)
-        for part in ("floor", "sla_gated"):
+        for part in ("floor", "sla_gated", "fallback", "planned"):
             if any(part in a for a in audits):
                 out["realized_regret"][part] = _pooled_regret([a[part] for a in audits if part in a])
     if "hindsight" in first:
@@ -823,7 +823,9 @@ def print_tables(results: dict[str, Any], basis: str) -> None:
         for name, p in m["policies"].items():
             r = p.get("realized_regret")
             for what, q in (("realized regret", r), ("  its noise floor", (r or {}).get("floor")),
-                            ("  SLA-gated (diagnostic)", (r or {}).get("sla_gated"))):
+                            ("  SLA-gated (diagnostic)", (r or {}).get("sla_gated")),
+                            ("  of fallback decisions (the baseline's plan)", (r or {}).get("fallback")),
+                            ("  of planned decisions (the planner's own)", (r or {}).get("planned"))):
                 if q and q["n"]:
                     print(
                         f"{what} {name}: mean {q['mean']:.4f}  p50 {q['p50']:.4f}  p90 {q['p90']:.4f}  "

@@ -39,6 +39,7 @@ from streams.replay.branching import (
     SCREEN_RESTART_TOP,
     SCREEN_TOP,
     SLA_SLACK,
+    Branch,
     Comparison,
     arrival_periods,
     compare,
@@ -209,6 +210,8 @@ class RegretAudit:
     settings: BranchSettings = field(default_factory=BranchSettings)
     floor: bool = False
     realized: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: per audited period, whether its decision record says it fell back to the baseline's plan (`attach`)
+    fell_back: dict[int, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if CONTINUATION not in self.references:
@@ -244,14 +247,21 @@ class RegretAudit:
             k = rec.get("period_index")
             if k in self.realized:
                 rec["realized"] = self.realized[k]
+                if "fallback" in rec:
+                    self.fell_back[k] = bool(rec["fallback"])
 
     def stats(self) -> dict[str, Any]:
         """regret_stats of the regrets, and of the value gap per request of the branch's set (`gap_per_request`,
-        requests / request: the same ranking without the ratio's blow-up when |best value| is near 0)."""
+        requests / request: the same ranking without the ratio's blow-up when |best value| is near 0); once
+        `attach`ed to decision records that say whether they fell back, the same split into the decisions that
+        committed the baseline's plan (`fallback`) and those that committed the planner's own (`planned`)."""
         out = _stats(list(self.realized.values()))
         out["sla_gated"] = _stats([r["sla_gated"] for r in self.realized.values()])
         if self.floor:
             out["floor"] = _stats([r["floor"] for r in self.realized.values()])
+        if self.fell_back:
+            for part, fell in (("fallback", True), ("planned", False)):
+                out[part] = _stats([r for k, r in self.realized.items() if self.fell_back.get(k) is fell])
         return out
 
 
@@ -274,7 +284,15 @@ def realized_outcome(cmp: Comparison) -> dict[str, Any]:
         "requests": chosen.requests,
         "sla_gated": {"best_label": gated_label, "regret": regret(gated.value, chosen.value),
                       "value_gap": gated.value - chosen.value, "requests": chosen.requests},
+        "branches": {"chosen": branch_terms(chosen), "best": branch_terms(best)},
     }
+
+
+def branch_terms(b: Branch) -> dict[str, Any]:
+    """A branch's value terms, for asking in SQL why a decision's value fell short: SLA-met (requests of the
+    set), served_after (requests), cost (USD), duration (s), unresolved (requests) and per-class violation rate."""
+    return {"sla_met": b.sla_met, "served_after": b.served_after, "cost_usd": b.cost_usd,
+            "duration_s": b.end_s - b.t0, "unresolved": b.unresolved, "violation": b.violation}
 
 
 def _stats(outcomes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from schemas.cost import gpu_cost_owned_usd
 from schemas.fleet import default_fleet
 from schemas.plan import Plan
 from schemas.policy import History, Observations, Policy, PolicyContext
+from schemas.protocol import CLASSES
 from streams.replay.branching import (
     Branch,
     Comparison,
@@ -250,10 +251,12 @@ def test_known_better_alternative_gives_regret(wl: Workload, prod: RunResult) ->
 
 
 class Recorded(Bloated):
-    """Bloated, keeping a decision record per period as the aurelius arms do (`realized` null until known)."""
+    """Bloated, keeping a decision record per period as the aurelius arms do (`realized` null until known); it
+    says it fell back at odd periods."""
 
     def plan(self, obs: Observations) -> Plan:
-        self._rec = {"policy": self.name, "period_index": obs.period_index, "realized": None}
+        self._rec = {"policy": self.name, "period_index": obs.period_index, "realized": None,
+                     "fallback": obs.period_index % 2 == 1}  # fmt: skip
         return super().plan(obs)
 
     def last_decision(self) -> dict | None:
@@ -270,6 +273,15 @@ def test_realized_regret_lands_in_the_decision_records(wl: Workload, prod: RunRe
         real = r["realized"]
         assert set(real) >= {"value", "best_value", "best_label", "regret", "set_size", "H"}
         assert real["regret"] == audit.realized[r["period_index"]]["regret"] > 0
+        for side, value in (("chosen", real["value"]), ("best", real["best_value"])):
+            b = real["branches"][side]  # the value's terms: met + served after - g* x cost
+            assert b["sla_met"] + b["served_after"] - real["g_star"] * b["cost_usd"] == pytest.approx(value)
+            assert b["duration_s"] >= 2 * P and b["unresolved"] >= 0 and set(b["violation"]) <= set(CLASSES)
+    s = audit.stats()  # split by the records' fallback flag: period 1 fell back, period 2 did not
+    assert s["fallback"]["values"] == [audit.realized[1]["regret"]]
+    assert s["planned"]["values"] == [audit.realized[2]["regret"]]
+    pooled = _aggregate([dict(summarize(run), seed=0, realized_regret=s)])["realized_regret"]
+    assert pooled["fallback"]["n"] == pooled["planned"]["n"] == 1
 
 
 def test_the_regret_floor_compares_the_chosen_plan_with_its_null_variants(wl: Workload, prod: RunResult) -> None:
