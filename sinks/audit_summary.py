@@ -6,7 +6,8 @@ Parquet files (the deduplicated read-only view of sinks/sql.py), as a table on s
 3. predicted savings against the reference plan to date: the sum of -predicted_delta.cost_usd and the mean
    relative gp/$ change. These are the forward model's predictions, not measurements: a live worker can only
    predict savings (what the reference would have cost is never observed);
-4. realized regret, where a replay measured it (an audit record's realized.regret); a live log has none;
+4. realized regret, where a replay measured it (an audit record's realized.regret), also over the fallback
+   decisions (the baseline's plan) and the planned ones apart; a live log has none;
 5. the plans most often chosen (identical chosen_plan JSON grouped; label and pools summarized).
 
 The CSV is long-form: question, policy, item, value, unit, note.
@@ -63,8 +64,11 @@ GROUP BY policy ORDER BY policy
 """
 Q_REGRET = """
 SELECT policy, count(r) AS decisions_measured, round(avg(r), 5) AS realized_regret_mean,
-       round(quantile_cont(r, 0.5), 5) AS realized_regret_median, round(max(r), 5) AS realized_regret_max
-FROM (SELECT policy, TRY_CAST(json_extract(realized, '$.regret') AS DOUBLE) AS r FROM audit)
+       round(quantile_cont(r, 0.5), 5) AS realized_regret_median, round(max(r), 5) AS realized_regret_max,
+       count(r) FILTER (WHERE fallback) AS decisions_measured_fallback,
+       round(avg(r) FILTER (WHERE fallback), 5) AS realized_regret_mean_fallback,
+       round(avg(r) FILTER (WHERE NOT fallback), 5) AS realized_regret_mean_planned
+FROM (SELECT policy, fallback, TRY_CAST(json_extract(realized, '$.regret') AS DOUBLE) AS r FROM audit)
 WHERE r IS NOT NULL GROUP BY policy ORDER BY policy
 """
 Q_PLANS = f"""
@@ -145,8 +149,9 @@ def rows(s: Summary) -> list[dict[str, Any]]:
         add("predicted_savings", r["policy"], "decisions_with_reference", r["decisions_with_reference"], "decisions")
     if s.regret.height:
         for r in s.regret.iter_rows(named=True):
-            for k in ("decisions_measured", "realized_regret_mean", "realized_regret_median", "realized_regret_max"):
-                add("realized_regret", r["policy"], k, r[k], "decisions" if k == "decisions_measured" else "ratio",
+            for k in ("decisions_measured", "realized_regret_mean", "realized_regret_median", "realized_regret_max",
+                      "decisions_measured_fallback", "realized_regret_mean_fallback", "realized_regret_mean_planned"):
+                add("realized_regret", r["policy"], k, r[k], "decisions" if k.startswith("decisions") else "ratio",
                     REGRET_NOTE)
     else:
         add("realized_regret", "", "decisions_measured", 0, "decisions", NO_REGRET)

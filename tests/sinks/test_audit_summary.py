@@ -65,6 +65,9 @@ def test_summary_answers(replay_log):
     assert reg["aurelius"]["decisions_measured"] == 3
     assert reg["aurelius"]["realized_regret_mean"] == pytest.approx(0.04 / 3, abs=1e-5)
     assert reg["aurelius"]["realized_regret_max"] == pytest.approx(0.03)
+    assert reg["aurelius"]["decisions_measured_fallback"] == 1  # period 3 fell back; periods 1 and 2 did not
+    assert reg["aurelius"]["realized_regret_mean_fallback"] == pytest.approx(0.0)
+    assert reg["aurelius"]["realized_regret_mean_planned"] == pytest.approx(0.02)
     top = [r for r in s.plans.iter_rows(named=True) if r["policy"] == "aurelius"]
     assert [(r["label"], r["chosen"]) for r in top] == [("reference", 4), ("cheaper", 2)]
     assert "llama-3.1-70b/H100 8..16x4 fp8/fp8 b256 1500MHz" in top[0]["plan"]
