@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from optimizer.levers import PrecisionPolicy
 from optimizer.objective import Objective
 from optimizer.replica_capacity import kv_sequences
-from schemas.fleet import SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType, default_max_num_seqs
+from schemas.fleet import SM_CLOCK_RANGE_MHZ, FleetSpec, GpuType, default_max_num_seqs, kv_dtype_offered
 from schemas.forecast import DisturbanceForecast, PredictedOutcome
 from schemas.plan import Plan
 from worldmodel.servingmodel import ServingModel
@@ -160,7 +160,8 @@ def residency_gate(plan: Plan, ctx: GateContext) -> GateResult:
 
 
 def policy_gate(plan: Plan, ctx: GateContext, cfg: GateConfig) -> GateResult:
-    """Fail on a precision the GPU, model or a tenant of the model disallows, or a swap over budget."""
+    """Fail on a precision the GPU, model or a tenant of the model disallows, a KV-cache dtype the fleet does not
+    offer with the pool's weights (`kv_dtype_offered`), or a swap over budget."""
     tenants_of: dict[str, list[str]] = defaultdict(list)
     for t, ten in ctx.tenants.items():
         for m in ten.models:
@@ -168,6 +169,8 @@ def policy_gate(plan: Plan, ctx: GateContext, cfg: GateConfig) -> GateResult:
     bad = [f"{'/'.join(p.key)}: {p.precision} not allowed"
            for p in plan.pools
            if p.precision not in cfg.precision_policy.allowed(p.gpu, p.model, tuple(tenants_of[p.model]))]
+    bad += [f"{'/'.join(p.key)}: kv_dtype {p.kv_dtype} not offered with {p.precision} weights"
+            for p in plan.pools if not kv_dtype_offered(p.precision, p.kv_dtype)]
     changed = replicas_changed(ctx.previous, plan)
     if changed > cfg.swap_budget:
         bad.append(f"{changed} replicas changed > swap budget {cfg.swap_budget}")

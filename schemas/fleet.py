@@ -45,14 +45,15 @@ def kv_dtype_for(precision: str, kv_dtype: str) -> str:
     >>> kv_dtype_for("fp8", "fp8"), kv_dtype_for("bf16", "fp8"), kv_dtype_for("bf16", "auto")
     ('fp8', 'auto', 'auto')
     """
-    return kv_dtype if kv_dtype in KV_DTYPES_BY_PRECISION[Precision(precision)] else str(KvCacheDtype.AUTO)
+    return kv_dtype if kv_dtype_offered(precision, kv_dtype) else str(KvCacheDtype.AUTO)
 
 
 def kv_storage(kv_dtype: str = "auto") -> Precision:
     """The dtype vLLM stores the KV cache in for `kv_dtype` ('auto' keeps the activation dtype, bf16, whatever the
     weights; 'fp8'): the one rule the ground truth's physics and the planner's serving model both follow.
-    ValueError for an unknown dtype. Which pairs with weights the fleet offers is `check_kv_dtype`'s question:
-    the planner predicts whatever a fleet reports (vLLM also runs an fp8 cache beside bf16 weights).
+    ValueError for an unknown dtype. Which pairs with weights a plan may choose is `kv_dtype_offered`'s question
+    (the policy gate's): the models predict whatever a fleet reports (vLLM also runs an fp8 cache beside bf16
+    weights).
 
     >>> kv_storage("fp8"), kv_storage("auto")
     (<Precision.FP8: 'fp8'>, <Precision.BF16: 'bf16'>)
@@ -65,12 +66,13 @@ def kv_storage(kv_dtype: str = "auto") -> Precision:
     return Precision.FP8 if kv == KvCacheDtype.FP8 else Precision.BF16
 
 
-def check_kv_dtype(precision: str, kv_dtype: str) -> None:
-    """ValueError unless weights in `precision` are offered with `kv_dtype` (`KV_DTYPES_BY_PRECISION`)."""
-    offered = KV_DTYPES_BY_PRECISION[Precision(precision)]
-    if KvCacheDtype(kv_dtype) not in offered:
-        raise ValueError(f"{precision} weights do not run with kv_dtype {kv_dtype!r}; offered: "
-                         f"{[k.value for k in offered]}")
+def kv_dtype_offered(precision: str, kv_dtype: str) -> bool:
+    """Whether plans may run weights in `precision` with `kv_dtype` (`KV_DTYPES_BY_PRECISION`).
+
+    >>> kv_dtype_offered("fp8", "fp8"), kv_dtype_offered("bf16", "fp8"), kv_dtype_offered("bf16", "int8")
+    (True, False, False)
+    """
+    return kv_dtype in KV_DTYPES_BY_PRECISION[Precision(precision)]
 
 
 #: SM clock range per GPU type (MHz); max is the default boost clock.

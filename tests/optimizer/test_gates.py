@@ -107,6 +107,16 @@ def test_policy_gate_rejects_disallowed_precision():
     assert not g.passed and "fp8 not allowed" in g.reason
 
 
+def test_policy_gate_rejects_a_kv_dtype_not_offered_with_the_weights():
+    """The fleet offers an fp8 KV cache with fp8 weights only (`KV_DTYPES_BY_PRECISION`): the physics simulates
+    bf16 weights beside an fp8 cache (a recorded fleet may run it), so the gate is what keeps plans from it."""
+    fp8_kv = set_pool(REF, H100_70B, precision="fp8", kv_dtype="fp8")
+    assert policy_gate(fp8_kv, replace(CTX, previous=fp8_kv), CFG).passed
+    bf16_fp8 = set_pool(REF, H100_70B, precision="bf16", kv_dtype="fp8")
+    g = policy_gate(bf16_fp8, replace(CTX, previous=bf16_fp8), CFG)
+    assert not g.passed and "site-pjm/llama-3.1-70b/H100: kv_dtype fp8 not offered with bf16 weights" in g.reason
+
+
 def test_a_release_under_load_is_no_hard_failure_but_must_clear_the_capacity_margin():
     """Capacity is two-sided: a ceiling below the replicas a pool runs passes the hard gates; the Pareto gate
     asks it for the capacity family's measured margin (optimizer/lever_margins.json)."""

@@ -75,6 +75,14 @@ def test_the_calibration_reads_the_kv_cache_dtype_of_the_fleet_events(example):
     b = calibrate(records["completions"], records["telemetry"], fp8)
     changed = {p.model for p in b.pools if p.factor("decode_scale") != a.pool(p.model, p.gpu).factor("decode_scale")}
     assert changed == set(ev.filter(pl.col("precision") == "fp8")["model"].unique()) != set()
+    # vLLM runs an fp8 cache beside bf16 weights too; a fleet reporting one is fitted, not a ValueError
+    bf16 = ev.filter(pl.col("precision") == "bf16")
+    assert bf16.height
+    c = calibrate(records["completions"], records["telemetry"],
+                  ev.with_columns(pl.lit("fp8").alias("kv_cache_dtype")))  # fmt: skip
+    moved = {(p.model, p.gpu) for p in c.pools
+             if p.factor("decode_scale") != a.pool(p.model, p.gpu).factor("decode_scale")}  # fmt: skip
+    assert moved >= set(bf16.select("model", "gpu_type").unique().iter_rows())
 
 
 def test_what_the_records_cannot_identify_stays_at_its_cited_default(example):

@@ -13,7 +13,6 @@ from schemas.fleet import (
     VLLM_MAX_NUM_BATCHED_TOKENS,
     GpuType,
     Precision,
-    check_kv_dtype,
     kv_storage,
 )
 from schemas.models import model_spec
@@ -152,15 +151,15 @@ def check_precision(gpu: str, precision: str) -> Precision:
 
 def kv_storage_precision(gpu: str, precision: str, kv_dtype: str = "auto") -> Precision:
     """The dtype the KV cache is stored in for weights `precision` on `gpu` and vLLM `kv_dtype` ('auto' | 'fp8'):
-    `schemas.fleet.kv_storage` once `gpu` is checked to run `precision` and the pair is offered (ValueError).
+    `schemas.fleet.kv_storage` once `gpu` is checked to run `precision` (ValueError). Any pair vLLM runs is
+    simulated (an operator's recorded fleet may run an fp8 cache beside bf16 weights); which pairs plans may
+    choose is the policy gate's question (`schemas.fleet.kv_dtype_offered`).
 
     >>> kv_storage_precision("H100", "fp8", "fp8"), kv_storage_precision("H100", "fp8", "auto")
     (<Precision.FP8: 'fp8'>, <Precision.BF16: 'bf16'>)
     """
     check_precision(gpu, precision)
-    storage = kv_storage(kv_dtype)
-    check_kv_dtype(precision, kv_dtype)
-    return storage
+    return kv_storage(kv_dtype)
 
 
 def token_budget(gpu: str) -> float:
