@@ -207,10 +207,20 @@ def test_kv_dtype_change_reloads_the_replica_like_a_precision_change() -> None:
     assert (rt.logs.ev_kind[:n_ev2] == st.EV_RECONFIGURED).sum() == 2
 
 
-def test_kv_dtype_not_offered_with_bf16_weights() -> None:
-    rt = runtime([(1.0, 100, 10)], static_plan(pool("H100", 1)))
-    with pytest.raises(ValueError, match="kv_dtype"):
-        rt.apply_plan(static_plan(pool("H100", 1, precision="bf16", kv_dtype="fp8")))
+def test_bf16_weights_beside_an_fp8_cache_run_as_vllm_runs_them() -> None:
+    """Plans never choose the pair (the policy gate's `kv_dtype_offered`), but an operator's fleet may run it: the
+    ground truth reloads into it like any KV change, with the fp8 cache's capacity and read time and the bf16
+    weights' load, and reports it; an unknown KV dtype is still an error."""
+    bf16_fp8 = step_coefficients(M8, "H100", 1, "bf16", 1980.0, kv_dtype="fp8")
+    rt, _ = _precision_run("bf16", kv_to="fp8")
+    reps = np.flatnonzero(rt.rep.pool == 0)[:2]
+    assert rt.rep.state[reps].tolist() == [st.LOADING, st.LOADING]
+    assert rt.rep.prec[reps].tolist() == [st.precision_code("bf16", "fp8")] * 2
+    assert rt.rep.coef[reps, st.C_KVCAP].tolist() == [bf16_fp8.kv_capacity_tokens] * 2
+    assert rt.rep.ready_at[reps] == pytest.approx([SWITCH_S + bf16_fp8.weights_load_s] * 2, rel=1e-12)
+    assert reconfigured_engines(rt) == {("bf16", "fp8")}
+    with pytest.raises(ValueError, match="int8"):
+        rt.apply_plan(static_plan(pool("H100", 2, kv_dtype="int8")))
 
 
 @pytest.mark.parametrize(("gpu", "budget"), [("H100", 8192), ("A100", 2048)])
