@@ -7,8 +7,10 @@ these bounds. Levers: timing (deferral), placement (pool per model x GPU type x 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 
 class Routing(StrEnum):
@@ -87,3 +89,17 @@ class Plan:
         d["ordering"] = str(self.ordering)
         d["batch_admission"] = str(self.batch_admission)
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Plan:
+        """The plan `as_dict` wrote (an audit record's `chosen_plan`, `reference_plan` or a top candidate's).
+
+        >>> p = Plan((PoolPlan("us-east", "llama-3.1-8b", "H100", 1, 4, 1, "fp8", 64, 1590, "fp8"),), label="x")
+        >>> q = Plan.from_dict(p.as_dict())
+        >>> q == p, type(q.batch_admission).__name__
+        (True, 'BatchAdmission')
+        """
+        enums = {"routing": Routing, "ordering": Ordering, "batch_admission": BatchAdmission}
+        wide = {k: enums[k](d[k]) if k in enums else d[k] for k in (*enums, "autoscale", "autoscale_target", "label")
+                if k in d}
+        return cls(tuple(PoolPlan(**p) for p in d["pools"]), notes=tuple(d.get("notes", ())), **wide)

@@ -67,10 +67,21 @@ SELECT policy, count(r) AS decisions_measured, round(avg(r), 5) AS realized_regr
        round(quantile_cont(r, 0.5), 5) AS realized_regret_median, round(max(r), 5) AS realized_regret_max,
        count(r) FILTER (WHERE fallback) AS decisions_measured_fallback,
        round(avg(r) FILTER (WHERE fallback), 5) AS realized_regret_mean_fallback,
-       round(avg(r) FILTER (WHERE NOT fallback), 5) AS realized_regret_mean_planned
-FROM (SELECT policy, fallback, TRY_CAST(json_extract(realized, '$.regret') AS DOUBLE) AS r FROM audit)
+       round(avg(r) FILTER (WHERE NOT fallback), 5) AS realized_regret_mean_planned,
+       count(g) AS refused_measured, round(avg(g), 5) AS refused_realized_gain_mean,
+       count(g) FILTER (WHERE gap > 0 AND within) AS refused_better_within_sla
+FROM (SELECT policy, fallback, TRY_CAST(json_extract(realized, '$.regret') AS DOUBLE) AS r,
+             TRY_CAST(json_extract(realized, '$.refused.gain') AS DOUBLE) AS g,
+             TRY_CAST(json_extract(realized, '$.refused.value_gap') AS DOUBLE) AS gap,
+             TRY_CAST(json_extract(realized, '$.refused.within_sla') AS BOOLEAN) AS within FROM audit)
 WHERE r IS NOT NULL GROUP BY policy ORDER BY policy
 """
+#: the regret question's items and units (`rows`); refused_*: the fallbacks' refused candidates, branched
+REGRET_ITEMS = {"decisions_measured": "decisions", "realized_regret_mean": "ratio", "realized_regret_median": "ratio",
+                "realized_regret_max": "ratio", "decisions_measured_fallback": "decisions",
+                "realized_regret_mean_fallback": "ratio", "realized_regret_mean_planned": "ratio",
+                "refused_measured": "decisions", "refused_realized_gain_mean": "ratio",
+                "refused_better_within_sla": "decisions"}
 Q_PLANS = f"""
 SELECT policy, chosen_plan, count(*) AS chosen, min(period_start) AS first_chosen
 FROM audit WHERE chosen_plan IS NOT NULL GROUP BY policy, chosen_plan
@@ -149,10 +160,8 @@ def rows(s: Summary) -> list[dict[str, Any]]:
         add("predicted_savings", r["policy"], "decisions_with_reference", r["decisions_with_reference"], "decisions")
     if s.regret.height:
         for r in s.regret.iter_rows(named=True):
-            for k in ("decisions_measured", "realized_regret_mean", "realized_regret_median", "realized_regret_max",
-                      "decisions_measured_fallback", "realized_regret_mean_fallback", "realized_regret_mean_planned"):
-                add("realized_regret", r["policy"], k, r[k], "decisions" if k.startswith("decisions") else "ratio",
-                    REGRET_NOTE)
+            for k, unit in REGRET_ITEMS.items():
+                add("realized_regret", r["policy"], k, r[k], unit, REGRET_NOTE)
     else:
         add("realized_regret", "", "decisions_measured", 0, "decisions", NO_REGRET)
     for r in s.plans.iter_rows(named=True):

@@ -49,6 +49,7 @@ from streams.replay.hindsight import (
     RegretAudit,
     g_star,
     hindsight_check,
+    refused_summary,
     regret_summary,
     run_hindsight,
 )
@@ -636,6 +637,9 @@ def _aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
         for part in ("floor", "sla_gated", "fallback", "planned"):
             if any(part in a for a in audits):
                 out["realized_regret"][part] = _pooled_regret([a[part] for a in audits if part in a])
+        refused = [e for a in audits for e in a.get("refused", {}).get("entries", [])]
+        if refused:
+            out["realized_regret"]["refused"] = refused_summary(refused)
     if "hindsight" in first:
         out["oracle"], out["deployable"] = True, False
         out["hindsight"] = {k: v for k, v in first["hindsight"].items() if k not in ("check", "choices", "lead")}
@@ -831,6 +835,13 @@ def print_tables(results: dict[str, Any], basis: str) -> None:
                         f"{what} {name}: mean {q['mean']:.4f}  p50 {q['p50']:.4f}  p90 {q['p90']:.4f}  "
                         f"share>0 {q['share_positive']:.2f}  gap/request {q['gap_per_request']['mean']:.4f}  n {q['n']}"
                     )
+            f = (r or {}).get("refused")
+            if f and f["realized_gain"]["n"]:
+                g, pg = f["realized_gain"], f["predicted_gain"]
+                predicted = f"  predicted mean {pg['mean']:+.2%}" if pg["n"] else ""
+                print(f"  fallbacks' refused candidates {name}: realized gp/$ gain mean {g['mean']:+.2%}  "
+                      f"p50 {g['p50']:+.2%}  p90 {g['p90']:+.2%}{predicted}  better within SLA "
+                      f"{f['better_within_sla']} of {f['n']}")
         if "hindsight" in m:
             h = m["hindsight"]
             verdict = "valid" if h["valid"] else f"INVALID (beaten by {', '.join(h['beaten_by'])})"

@@ -85,9 +85,9 @@ def run_replay(
     initial_replicas : the fleet running at window start per (site, model, gpu), handed to the policy's
     context (see tuning.lead_in_fleet); stop_at_s : stop there instead of draining (s since window start);
     intercept : called at each period boundary k >= 1 after the policy decided and before the plan is applied,
-    with the run (its runtime at the boundary) and the policy's plan; the plan it returns is the one applied
-    and recorded (streams/replay/branching.py: the realized-regret audit returns it unchanged, the hindsight
-    arm replaces it)."""
+    with the run (its runtime at the boundary, its decisions holding the policy's record of this one) and the
+    policy's plan; the plan it returns is the one applied and recorded (streams/replay/branching.py: the
+    realized-regret audit returns it unchanged, the hindsight arm replaces it)."""
     t_wall = time.perf_counter()
     market = workload.window.market
     sites = fleet.sites if all_sites else (fleet.site(market),)
@@ -119,7 +119,8 @@ def run_replay(
                                                     how="vertical_relaxed"))
     plan = policy.start(ctx, history)
     run.decision_ms.append((time.perf_counter() - t0) * 1000.0)
-    _record(run, policy, plan, 0)
+    _record_decision(run, policy)
+    _record_plan(run, plan, 0)
     rt.apply_plan(plan, prewarm=True)
     limit = drain_limit_s(workload, window_s, grace_s)
     if stop_at_s is not None:
@@ -153,9 +154,10 @@ def run_replay(
         t0 = time.perf_counter()
         plan = policy.plan(obs)
         run.decision_ms.append((time.perf_counter() - t0) * 1000.0)
+        _record_decision(run, policy)  # before the intercept, which may read it (the regret audit's refused plan)
         if intercept is not None:
             plan = intercept(k, run, plan)
-        _record(run, policy, plan, k)
+        _record_plan(run, plan, k)
         rt.apply_plan(plan)
     run.end_s = rt.now
     run.periods = k
@@ -169,12 +171,15 @@ def run_replay(
     return run
 
 
-def _record(run: RunResult, policy: Policy, plan: Plan, k: int) -> None:
-    run.plans.append({"period": k, "label": plan.label})
-    run.plan_by_period[k] = plan
+def _record_decision(run: RunResult, policy: Policy) -> None:
     rec = policy.last_decision()
     if rec is not None:
         run.decisions.append(rec)
+
+
+def _record_plan(run: RunResult, plan: Plan, k: int) -> None:
+    run.plans.append({"period": k, "label": plan.label})
+    run.plan_by_period[k] = plan
 
 
 def workload_sla(workload: Workload) -> dict[str, dict[str, float | None]]:

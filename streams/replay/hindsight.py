@@ -42,6 +42,7 @@ from streams.replay.branching import (
     Branch,
     Comparison,
     arrival_periods,
+    branch_mean,
     compare,
     live_replicas,
     null_variants,
@@ -227,6 +228,9 @@ class RegretAudit:
         if self.floor:  # the chosen plan's branches are the audit's own, not run again
             mine = Comparison({"chosen": cmp.screened["chosen"]}, {"chosen": cmp.full["chosen"]})
             self.realized[k]["floor"] = self._outcome(run, k, [("chosen", plan), *null_variants(plan)], mine)[0]
+        refused = refused_candidate(run.decisions[-1] if run.decisions else None, k)
+        if refused is not None:  # beside the comparison set, never in it: the regret of record is unchanged
+            self.realized[k]["refused"] = self._refused(run, k, *refused, cmp.full["chosen"])
         self.realized[k]["wall_s"] = time.perf_counter() - t
         return plan
 
@@ -240,6 +244,17 @@ class RegretAudit:
                       replicates=s.replicates,
                       known=known)  # fmt: skip
         return {**realized_outcome(cmp), "set_size": len(plans), "H": s.H, "g_star": self.gstar}, cmp
+
+    def _refused(self, run: RunResult, k: int, plan: Plan, predicted_gain: float | None,
+                 chosen: Branch) -> dict[str, Any]:
+        """The refused candidate's full branch (the chosen plan's settings and continuation) against the chosen's."""
+        s = self.settings
+        b = branch_mean(run, plan, self._ctx.continuation(k), k * self.period_s, self.period_s, s.H, self.gstar,
+                        cost=s.cost, basis=s.basis, label="refused", replicates=s.replicates)  # fmt: skip
+        return {"label": plan.label, "value": b.value, "gp_per_dollar": b.gp_per_dollar,
+                "gain": b.gp_per_dollar / chosen.gp_per_dollar - 1.0 if chosen.gp_per_dollar > 0 else None,
+                "predicted_gain": predicted_gain, "value_gap": b.value - chosen.value,
+                "within_sla": b.passes(chosen), "branch": branch_terms(b)}  # fmt: skip
 
     def attach(self, run: RunResult) -> None:
         """Write each audited decision's outcome into its decision record's `realized` field."""
@@ -262,7 +277,62 @@ class RegretAudit:
         if self.fell_back:
             for part, fell in (("fallback", True), ("planned", False)):
                 out[part] = _stats([r for k, r in self.realized.items() if self.fell_back.get(k) is fell])
+        refused = [refused_entry(k, r) for k, r in self.realized.items() if "refused" in r]
+        if refused:
+            out["refused"] = refused_summary(refused)
         return out
+
+
+def refused_candidate(record: dict[str, Any] | None, k: int) -> tuple[Plan, float | None] | None:
+    """The plan a fallback decision refused, from its record (period `k`'s, else None): the best-ranked top
+    candidate that passed every hard gate, the one the Pareto gate compared with the baseline's plan, with its
+    predicted gp/$ gain over that plan (ratio; None where the record lacks the predictions). None when the
+    decision did not fall back, or fell back before any candidate passed the hard gates (low forecast
+    confidence, missing inputs, none feasible).
+
+    >>> from schemas.plan import PoolPlan
+    >>> p = Plan((PoolPlan("us-east", "llama-3.1-8b", "H100", 1, 4, 1, "fp8", 64, 1590),), label="c")
+    >>> rec = {"period_index": 3, "fallback": True, "chosen_predicted": {"gp_per_dollar": 400.0},
+    ...        "top_candidates": [{"plan": {}, "feasible": False},
+    ...                           {"plan": p.as_dict(), "feasible": True, "predicted": {"gp_per_dollar": 404.0}}]}
+    >>> plan, gain = refused_candidate(rec, 3)
+    >>> plan == p, round(gain, 4), refused_candidate(rec, 4), refused_candidate({**rec, "fallback": False}, 3)
+    (True, 0.01, None, None)
+    """
+    if not record or record.get("period_index") != k or not record.get("fallback"):
+        return None
+    best = next((c for c in record.get("top_candidates") or () if c.get("feasible")), None)
+    if best is None:
+        return None
+    mine = (best.get("predicted") or {}).get("gp_per_dollar")
+    base = (record.get("chosen_predicted") or {}).get("gp_per_dollar")
+    gain = mine / base - 1.0 if mine is not None and base else None
+    return Plan.from_dict(best["plan"]), gain
+
+
+def refused_entry(k: int, r: dict[str, Any]) -> dict[str, Any]:
+    """One audited fallback's refused candidate, as `refused_summary` pools it (gap per request: requests /
+    request of the chosen branch's set)."""
+    f = r["refused"]
+    return {"period_index": k, "gain": f["gain"], "predicted_gain": f["predicted_gain"],
+            "gap_per_request": f["value_gap"] / max(r["requests"], 1), "within_sla": f["within_sla"]}
+
+
+def refused_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the fallbacks' refused candidates would have realized against the baseline's plan each decision
+    committed: regret_stats of the realized gp/$ gain (ratio), of the planner's predicted gain (ratio) and of the
+    value gap per request (> 0: the refused plan was better by the regret's measure), and how many of them were
+    better while keeping every class's violation rate within the chosen branch's + 0.1 pp (`better_within_sla`:
+    decisions where falling back cost value). `entries` (`refused_entry`) pool over runs."""
+    gains = [e["gain"] for e in entries if e["gain"] is not None]
+    return {
+        "n": len(entries),
+        "realized_gain": regret_stats(gains),
+        "predicted_gain": regret_stats([e["predicted_gain"] for e in entries if e["predicted_gain"] is not None]),
+        "gap_per_request": regret_stats([e["gap_per_request"] for e in entries]),
+        "better_within_sla": sum(1 for e in entries if e["gap_per_request"] > 0 and e["within_sla"]),
+        "entries": entries,
+    }
 
 
 def realized_outcome(cmp: Comparison) -> dict[str, Any]:

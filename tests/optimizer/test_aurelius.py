@@ -132,17 +132,14 @@ def test_an_ablation_arm_never_moves_its_lever_family(arm: str):
     """The full planner moves each family on the fake world; the arm without it keeps the reference's."""
     from optimizer.aurelius import AURELIUS_ARMS
     from optimizer.margins import families_moved
-    from schemas.plan import Plan, PoolPlan
+    from schemas.plan import Plan
 
     ablated = AURELIUS_ARMS[arm]["ablate"]
 
-    def plan(d: dict) -> Plan:
-        wide = {k: d[k] for k in ("batch_admission", "autoscale", "autoscale_target")}
-        return Plan(tuple(PoolPlan(**p) for p in d["pools"]), **wide)
-
     def moved(pol: AureliusPolicy) -> set[str]:
         recs = run(pol, varied, periods=4)
-        return set().union(*(families_moved(plan(r["chosen_plan"]), plan(r["reference_plan"])) for r in recs))
+        plans = [(Plan.from_dict(r["chosen_plan"]), Plan.from_dict(r["reference_plan"])) for r in recs]
+        return set().union(*(families_moved(chosen, ref) for chosen, ref in plans))
 
     assert ablated & moved(make(audit=False)), "the full planner does not move the family here: no test"
     assert not ablated & moved(make(audit=False, ablate=ablated, name=arm))

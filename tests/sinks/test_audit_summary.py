@@ -27,6 +27,8 @@ def _rec(i: int, policy: str = "aurelius", *, fallback: str | None = None, cost:
            "predicted_delta": None if cost is None else {"cost_usd": 0.0 if fallback else cost,
                                                          "gp_per_dollar_rel": 0.0 if fallback else 0.10},
            "regret": 0.0, "realized": None if realized is None else {"regret": realized}}
+    if realized is not None and fallback is not None:  # the refused candidate, branched (streams/replay/hindsight.py)
+        rec["realized"]["refused"] = {"gain": 0.02 * i, "value_gap": 5.0 * i - 12.0, "within_sla": i != 4}
     if replay:
         rec["live_decision_id"] = f"live-{i}"
     return rec
@@ -45,7 +47,7 @@ def replay_log(tmp_path):
     recs = [_rec(0, fallback="start: no fleet observation yet"),
             _rec(1, realized=0.01), _rec(2, realized=0.03),
             _rec(3, fallback="pareto: gp/$ 10 <= reference 10 x 1.03", realized=0.0),
-            _rec(4, fallback="pareto: gp/$ 11 <= reference 11 x 1.03"),
+            _rec(4, fallback="pareto: gp/$ 11 <= reference 11 x 1.03", realized=0.05),
             _rec(5, fallback="no candidate passed the hard gates (best: sla: code 2% > budget 1%)"),
             _rec(0, "production", cost=None)]
     return _log(tmp_path / "audit", recs)
@@ -62,12 +64,16 @@ def test_summary_answers(replay_log):
     assert sav["aurelius"]["predicted_savings_usd"] == pytest.approx(4.0)  # two non-fallback decisions x $2
     assert sav["aurelius"]["decisions_with_reference"] == 6 and sav["production"]["decisions_with_reference"] == 0
     reg = {r["policy"]: r for r in s.regret.iter_rows(named=True)}
-    assert reg["aurelius"]["decisions_measured"] == 3
-    assert reg["aurelius"]["realized_regret_mean"] == pytest.approx(0.04 / 3, abs=1e-5)
-    assert reg["aurelius"]["realized_regret_max"] == pytest.approx(0.03)
-    assert reg["aurelius"]["decisions_measured_fallback"] == 1  # period 3 fell back; periods 1 and 2 did not
-    assert reg["aurelius"]["realized_regret_mean_fallback"] == pytest.approx(0.0)
+    assert reg["aurelius"]["decisions_measured"] == 4
+    assert reg["aurelius"]["realized_regret_mean"] == pytest.approx(0.09 / 4, abs=1e-5)
+    assert reg["aurelius"]["realized_regret_max"] == pytest.approx(0.05)
+    assert reg["aurelius"]["decisions_measured_fallback"] == 2  # periods 3 and 4 fell back; 1 and 2 did not
+    assert reg["aurelius"]["realized_regret_mean_fallback"] == pytest.approx(0.025)
     assert reg["aurelius"]["realized_regret_mean_planned"] == pytest.approx(0.02)
+    # the refused candidates of periods 3 (gap 3, within SLA) and 4 (gap 8, over an SLA): gains 0.06 and 0.08
+    assert reg["aurelius"]["refused_measured"] == 2
+    assert reg["aurelius"]["refused_realized_gain_mean"] == pytest.approx(0.07)
+    assert reg["aurelius"]["refused_better_within_sla"] == 1
     top = [r for r in s.plans.iter_rows(named=True) if r["policy"] == "aurelius"]
     assert [(r["label"], r["chosen"]) for r in top] == [("reference", 4), ("cheaper", 2)]
     assert "llama-3.1-70b/H100 8..16x4 fp8/fp8 b256 1500MHz" in top[0]["plan"]

@@ -284,6 +284,52 @@ def test_realized_regret_lands_in_the_decision_records(wl: Workload, prod: RunRe
     assert pooled["fallback"]["n"] == pooled["planned"]["n"] == 1
 
 
+class Refusing(Bloated):
+    """Bloated, its record saying at every period that it fell back and refused a lean plan (floor 1, the
+    autoscaler on) it predicted 5 % better: on this workload the lean plan is truly better."""
+
+    def plan(self, obs: Observations) -> Plan:
+        chosen = super().plan(obs)
+        lean = replace(chosen.with_pools(tuple(replace(p, replica_floor=1) for p in chosen.pools)),
+                       autoscale=True, label="lean")  # fmt: skip
+        self._rec = {"policy": self.name, "period_index": obs.period_index, "realized": None, "fallback": True,
+                     "chosen_predicted": {"gp_per_dollar": 100.0},
+                     "top_candidates": [{"plan": {}, "feasible": False},
+                                        {"plan": lean.as_dict(), "feasible": True,
+                                         "predicted": {"gp_per_dollar": 105.0}}]}  # fmt: skip
+        return chosen
+
+    def last_decision(self) -> dict | None:
+        return getattr(self, "_rec", None)
+
+
+def test_a_fallbacks_refused_candidate_is_branched_beside_the_comparison_set(wl: Workload, prod: RunResult) -> None:
+    """At a fallback decision the audit branches the candidate the planner refused (the best one that passed the
+    hard gates) against the plan committed: the lean plan realizes the gain its record predicted, and the regret
+    of record, taken over the fixed comparison set, is the one the same decisions score without the record."""
+    settings = BranchSettings(K=16, H=1)
+    plain = RegretAudit({"production": prod}, g_star(prod), P, PERIODS, 0, settings)
+    _run(wl, Bloated(), plain.intercept)
+    audit = RegretAudit({"production": prod}, g_star(prod), P, PERIODS, 0, settings)
+    run = _run(wl, Refusing(), audit.intercept)
+    audit.attach(run)
+    for k, r in audit.realized.items():
+        assert [r[x] for x in ("regret", "best_label", "set_size")] == [plain.realized[k][x]
+                                                                     for x in ("regret", "best_label", "set_size")]
+        f = r["refused"]
+        assert f["label"] == "lean" and f["predicted_gain"] == pytest.approx(0.05)
+        assert f["gain"] > 0 and f["value_gap"] > 0 and f["value"] == pytest.approx(r["value"] + f["value_gap"])
+        b = f["branch"]
+        assert b["sla_met"] + b["served_after"] - r["g_star"] * b["cost_usd"] == pytest.approx(f["value"])
+    s = audit.stats()["refused"]
+    assert s["n"] == 2 and s["realized_gain"]["share_positive"] == 1.0
+    assert s["better_within_sla"] == sum(r["refused"]["within_sla"] for r in audit.realized.values())
+    assert "refused" not in plain.stats()  # records that do not fall back refuse nothing
+    pooled = _aggregate([dict(summarize(run), seed=0, realized_regret=audit.stats())] * 2)["realized_regret"]
+    assert pooled["refused"]["n"] == 4 and pooled["refused"]["gap_per_request"]["mean"] == pytest.approx(
+        s["gap_per_request"]["mean"])
+
+
 def test_the_regret_floor_compares_the_chosen_plan_with_its_null_variants(wl: Workload, prod: RunResult) -> None:
     """--regret-floor: at each audited decision the chosen plan's branch (the same one the audit scored) against
     null variants of itself; a plan with known-better alternatives is farther from their best than from its
