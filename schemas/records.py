@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Self, get_args, get_origin, get_type_hints
 import polars as pl
 
 from schemas import SCHEMA_VERSION, SchemaError, validator
+from schemas.fleet import KvCacheDtype
 from schemas.protocol import RequestClass
 from schemas.timestamps import ts_from_wire, ts_to_wire
 
@@ -218,7 +219,8 @@ class FleetEvent(WireRecord, kind="fleet_event"):
     """A replica lifecycle or configuration change (clock in MHz, batch cap in sequences).
 
     kv_cache_dtype : the engine's KV-cache dtype (vLLM `--kv-cache-dtype`, a `schemas.fleet.KvCacheDtype`
-        value); None when not reported, which means "auto" (the activation dtype). Keyword-only.
+        value); None when not reported: the replica keeps the dtype its last event reported, "auto" (the
+        activation dtype) when none did (`reported_kv_cache_dtype`). Keyword-only.
     """
 
     STORED_INT32 = frozenset({"tp", "max_batch"})
@@ -291,6 +293,27 @@ def stored_schema(kind: str) -> dict[str, pl.DataType]:
     """
     cls = _record_type(kind)
     return {name: pl.Int32 if name in cls.STORED_INT32 else dtype for name, dtype in frame_schema(kind).items()}
+
+
+def reported_kv_cache_dtype(events: pl.DataFrame) -> pl.DataFrame:
+    """Fleet events with each one's KV-cache dtype as the replica runs it: where an event does not report it (null,
+    or a frame from before the field), the dtype the replica's last earlier event reported, else "auto". An engine
+    keeps its dtype until it restarts, so a reconfiguration that reports only the clock is no KV change. The world
+    state's replica state reads fleet events by the same rule (worldmodel/state/store.py, in SQL).
+
+    >>> from datetime import UTC, datetime, timedelta
+    >>> t = [datetime(2023, 7, 1, tzinfo=UTC) + timedelta(minutes=m) for m in (2, 0, 1, 0)]
+    >>> ev = pl.DataFrame({"replica_id": ["a", "a", "a", "b"], "event_at": t,
+    ...                    "kv_cache_dtype": [None, "fp8", None, None]})
+    >>> reported_kv_cache_dtype(ev)["kv_cache_dtype"].to_list()
+    ['fp8', 'fp8', 'fp8', 'auto']
+    """
+    auto = KvCacheDtype.AUTO.value
+    if "kv_cache_dtype" not in events.columns:
+        return events.with_columns(pl.lit(auto).alias("kv_cache_dtype"))
+    kv = pl.col("kv_cache_dtype").forward_fill().over("replica_id").fill_null(auto)
+    return (events.with_row_index("_row").sort("event_at", "_row").with_columns(kv)
+            .sort("_row").drop("_row"))  # fmt: skip
 
 
 def int_range(dtype: pl.DataType) -> tuple[int, int] | None:

@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from schemas.fleet import KvCacheDtype, Site, power_limited_clock_mhz
+from schemas.fleet import Site, power_limited_clock_mhz
+from schemas.records import reported_kv_cache_dtype
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.runtime import CoefficientCorrections, Physics, coef_row, node_order, weight_read_s
 from worldmodel.physics.power import gpu_power_w
@@ -209,13 +210,11 @@ def _seconds(col: str) -> pl.Expr:
 
 def _with_config(frame: pl.DataFrame, events: pl.DataFrame, at: str) -> pl.DataFrame:
     """Each record with the configuration (tp, precision, KV-cache dtype, clock) and lifecycle state of its replica
-    at `at` (the replica's latest fleet event strictly before; a KV dtype not reported, or events from before the
-    field, are "auto")."""
-    auto = KvCacheDtype.AUTO.value
-    kv = pl.col("kv_cache_dtype").fill_null(auto) if "kv_cache_dtype" in events.columns else pl.lit(auto)
-    ev = events.select(
+    at `at` (the replica's latest fleet event strictly before; a KV dtype it does not report is the replica's last
+    reported one, `schemas.records.reported_kv_cache_dtype`)."""
+    ev = reported_kv_cache_dtype(events).select(
         "replica_id", _seconds("event_at").alias("_ev_t"), pl.col("kind").alias("_kind"), "tp", "precision",
-        kv.alias("kv_cache_dtype"), "sm_clock_mhz",
+        "kv_cache_dtype", "sm_clock_mhz",
         pl.col("kind").replace_strict(_LIFECYCLE, default=len(_LIFECYCLE)).alias("_order"),
         pl.col("hostnames").list.first().alias("_node"),
     ).sort("_ev_t", "_order")  # fmt: skip

@@ -40,7 +40,7 @@ class PoolState:
     warm_age_s : seconds since the pool's newest warm replica last changed state (became ready, or was
         reconfigured; inf when none is warm): when the last scale-up ended.
     kv_dtype : KV-cache dtype most recently applied (vLLM `--kv-cache-dtype`, "auto" = the activation dtype, or
-        "fp8"; fleet events that do not report it count as "auto").
+        "fp8"; an event that does not report it keeps the replica's last reported dtype, "auto" when none did).
     """
 
     site: str

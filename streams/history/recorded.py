@@ -23,13 +23,13 @@ from schemas.fleet import (
     SM_CLOCK_RANGE_MHZ,
     FleetSpec,
     GpuType,
-    KvCacheDtype,
     NodeGroup,
     Site,
     default_max_num_seqs,
 )
 from schemas.plan import PoolPlan
 from schemas.protocol import CLASSES, ModelName
+from schemas.records import reported_kv_cache_dtype
 from streams.history.checks import Records
 from streams.history.config import HistoryConfig
 from streams.history.report import HistoryReport
@@ -148,7 +148,7 @@ def _sample_interval_s(tel: pl.DataFrame) -> float:
 def spans(records: Records, start: datetime, end_s: float, report: HistoryReport) -> Spans:
     """Replica spans from fleet events (each started/ready opens a span, stopped closes it), else from
     telemetry (first to last sample plus one interval, reported as assumed); `end_s` closes open spans."""
-    ev = records.fleet_events
+    ev = reported_kv_cache_dtype(records.fleet_events)
     rows = []
     pools: dict[tuple[str, str, str], PoolPlan] = {}
     if ev.height:
@@ -158,7 +158,7 @@ def spans(records: Records, start: datetime, end_s: float, report: HistoryReport
             key = (r["site"], r["model"], r["gpu_type"])
             pools[key] = PoolPlan(
                 *key, 0, 0, int(r["tp"]), str(r["precision"]), int(r["max_batch"]), int(r["sm_clock_mhz"]),
-                kv_dtype=str(r.get("kv_cache_dtype") or KvCacheDtype.AUTO),  # absent from older records: auto
+                kv_dtype=r["kv_cache_dtype"],
             )
             if r["kind"] == "replica_stopped":
                 span = open_.pop(r["replica_id"], None)

@@ -75,6 +75,11 @@ def test_the_calibration_reads_the_kv_cache_dtype_of_the_fleet_events(example):
     b = calibrate(records["completions"], records["telemetry"], fp8)
     changed = {p.model for p in b.pools if p.factor("decode_scale") != a.pool(p.model, p.gpu).factor("decode_scale")}
     assert changed == set(ev.filter(pl.col("precision") == "fp8")["model"].unique()) != set()
+    # a fleet reporting the dtype at start only: later events (ready) keep the one the start reported
+    started = pl.col("kind") == "replica_started"
+    silent = fp8.with_columns(pl.when(started).then("kv_cache_dtype").otherwise(None).alias("kv_cache_dtype"))
+    assert silent.filter(pl.col("precision") == "fp8")["kv_cache_dtype"].null_count() > 0
+    assert calibrate(records["completions"], records["telemetry"], silent).as_dict() == b.as_dict()
     # vLLM runs an fp8 cache beside bf16 weights too; a fleet reporting one is fitted, not a ValueError
     bf16 = ev.filter(pl.col("precision") == "bf16")
     assert bf16.height

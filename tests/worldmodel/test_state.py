@@ -85,6 +85,23 @@ def test_kv_cache_dtype_reaches_the_replicas_and_the_snapshot():
     assert row == ("loading", "auto")
 
 
+def test_an_event_that_does_not_report_the_kv_dtype_keeps_the_replicas():
+    """A replica started with an fp8 KV cache, then reconfigured by an event that reports only the clock (no
+    dtype): its engine did not restart, it stays warm at fp8; a replica whose events never report one is "auto"."""
+    ws = WorldState.open(":memory:")
+    ws.update({"fleet_event": syn.fleet_events(T0, 2, precision="fp8", kv_cache_dtype="fp8")})
+    clock = syn.fleet_events(T0 + timedelta(minutes=2), 1, kind="replica_reconfigured", precision="fp8",
+                             sm_clock_mhz=1500.0)
+    ws.update({"fleet_event": clock.with_columns(pl.lit(None, pl.String).alias("kv_cache_dtype"))})
+    silent = syn.fleet_events(T0, 1, model="llama-3.1-8b", tp=1).with_columns(
+        pl.lit("r-100").alias("replica_id"), pl.lit(None, pl.String).alias("kv_cache_dtype"))
+    ws.update({"fleet_event": silent})
+    rows = {r[0]: r[1:] for r in ws.frame("SELECT replica_id, state, kv_cache_dtype, sm_clock_mhz FROM replicas")
+            .iter_rows()}  # fmt: skip
+    assert rows == {"r-000": ("warm", "fp8", 1500), "r-001": ("warm", "fp8", 1980), "r-100": ("warm", "auto", 1980)}
+    assert snapshot(ws, T0 + timedelta(minutes=3)).pool(("PJM-1", "llama-3.1-70b", "H100")).kv_dtype == "fp8"
+
+
 def test_migrating_a_v3_file_adds_the_kv_cache_dtype(tmp_path):
     path = tmp_path / "v3.duckdb"
     con = duckdb.connect(str(path))

@@ -121,7 +121,7 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
             int(r["tp"] or 1),
             r["precision"] or "bf16",
             clock_or_max(r["gpu_type"], r["sm_clock_mhz"]),
-            r["kv_cache_dtype"],  # the replica state's, "auto" where a fleet event did not report one
+            r["kv_cache_dtype"],  # the replica state's: the last reported one, else "auto"
         )
         rate = float(r["n"]) / period_s
         new_mean = float(r["new_mean"] or 0.0)

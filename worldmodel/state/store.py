@@ -25,10 +25,16 @@ from worldmodel.state.migrations import RAW_KINDS, migrate, schema_version
 #: sums of doubles differ in the last bit from run to run, and what a decision reads must not.
 FLOAT_DIGITS = 6
 #: Replica state from the last fleet event of each replica that arrived by $as_of; a reconfiguration that
-#: changes the weights' precision or the KV-cache dtype (null: "auto") restarts the engine (loading).
+#: changes the weights' precision or the KV-cache dtype restarts the engine (loading). An event that does not report
+#: the KV dtype (null) keeps the one the replica's last earlier event reported, else "auto"
+#: (`schemas.records.reported_kv_cache_dtype`, the same rule on frames).
 REPLICA_STATE_SQL = f"""
 WITH ev AS (
-  SELECT * REPLACE (coalesce(kv_cache_dtype, '{KvCacheDtype.AUTO}') AS kv_cache_dtype)
+  SELECT * REPLACE (coalesce(kv_cache_dtype,
+                             last_value(kv_cache_dtype IGNORE NULLS) OVER (
+                               PARTITION BY replica_id ORDER BY event_at, kind
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                             '{KvCacheDtype.AUTO}') AS kv_cache_dtype)
   FROM fleet_event WHERE arrived_at <= $as_of::TIMESTAMPTZ
 ), ev1 AS (
   SELECT *, lag((precision, kv_cache_dtype)) OVER (PARTITION BY replica_id ORDER BY event_at, kind) AS prev_engine,

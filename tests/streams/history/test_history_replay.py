@@ -176,13 +176,15 @@ def test_no_output_size_before_its_completion(generated: Path) -> None:
 
 
 def test_recorded_pools_take_the_kv_cache_dtype_auto_where_absent() -> None:
-    """A pool's template takes the KV-cache dtype its fleet events report; events without it (recorded before the
-    field) mean "auto"."""
+    """A pool's template takes the KV-cache dtype its fleet events report; a later event that does not report it
+    (a clock change) keeps it; a replica whose events never report one (recorded before the field) is "auto"."""
     start = datetime(2023, 7, 1, tzinfo=UTC)
     ev = pl.concat([
         syn.fleet_events(start, 1, precision="fp8", kv_cache_dtype="fp8", site="site-pjm"),
         syn.fleet_events(start, 1, model="llama-3.1-8b", tp=1, site="site-pjm").with_columns(
             pl.lit(None, pl.String).alias("kv_cache_dtype"), pl.lit("r-100").alias("replica_id")),
+        syn.fleet_events(start + timedelta(minutes=1), 1, precision="fp8", site="site-pjm", sm_clock_mhz=1500.0,
+                         kind="replica_reconfigured").with_columns(pl.lit(None, pl.String).alias("kv_cache_dtype")),
     ])
     frames = {k: empty(k) for k in ("request_arrival", "request_completion", "gpu_telemetry", "price")}
     records = Records(frames["request_arrival"], frames["request_completion"], frames["gpu_telemetry"],
