@@ -35,7 +35,7 @@ from worldmodel.forward import ForwardModel
 from worldmodel.horizon import Horizon, HorizonSpec, rollout
 from worldmodel.selfcal import SelfCalibrator
 from worldmodel.servingmodel import ServingModel
-from worldmodel.snapshot import FleetSnapshot, PoolState, snapshot
+from worldmodel.snapshot import FleetSnapshot, PoolKey, PoolState, snapshot
 from worldmodel.state import WorldState
 from worldmodel.state.calibration import calibrate_period
 
@@ -53,6 +53,23 @@ SELECT interval_start, arg_max(lmp_usd_mwh, coalesce(arrived_at, published_at)) 
 FROM price WHERE market = $market AND coalesce(arrived_at, published_at) <= $as_of AND lmp_usd_mwh IS NOT NULL
 GROUP BY interval_start ORDER BY interval_start
 """
+
+
+def engine_args(snap: FleetSnapshot, running: Plan) -> dict[PoolKey, tuple[str, int | None]]:
+    """Per pool of the running plan, the engine arguments its replicas run (`FleetSnapshot.engine_args`): the KV
+    dtype the fleet reports, where it does (an operator may not have applied the plan), else the plan's; the plan's
+    token budget.
+
+    >>> from worldmodel.snapshot import PoolState
+    >>> from schemas.plan import PoolPlan
+    >>> fleet = (PoolState("s", "m", "H100", 2, 0, 0, 4, "fp8", 1980.0, 256, kv_dtype="fp8"),
+    ...          PoolState("s", "n", "H100", 1, 0, 0, 1, "fp8", 1980.0, 256, kv_dtype=None))
+    >>> plan = Plan(tuple(PoolPlan("s", m, "H100", 1, 4, 4, "fp8", 256, 1980, "auto", 2048) for m in "mn"))
+    >>> engine_args(FleetSnapshot(datetime(2023, 7, 1), fleet, ()), plan)
+    {('s', 'm', 'H100'): ('fp8', 2048), ('s', 'n', 'H100'): ('auto', 2048)}
+    """
+    reported = {p.key: p.kv_dtype for p in snap.pools if p.kv_dtype is not None}
+    return {p.key: (reported.get(p.key, p.kv_dtype), p.max_num_batched_tokens) for p in running.pools}
 
 
 class WorldStateModel:
@@ -183,7 +200,7 @@ class WorldStateModel:
         fm = ForwardModel(self._prior, self.cost_config, site_markets={s.name: s.market for s in self._ctx.fleet.sites})
         snap = self.snapshot(as_of)
         if running is not None:
-            snap = replace(snap, engine_args={p.key: (p.kv_dtype, p.max_num_batched_tokens) for p in running.pools})
+            snap = replace(snap, engine_args=engine_args(snap, running))
         if in_force is not None:
             snap = replace(snap, floors={p.key: p.replica_floor for p in in_force.pools})
         if self._observed_fleet:

@@ -40,7 +40,8 @@ class PoolState:
     warm_age_s : seconds since the pool's newest warm replica last changed state (became ready, or was
         reconfigured; inf when none is warm): when the last scale-up ended.
     kv_dtype : KV-cache dtype most recently applied (vLLM `--kv-cache-dtype`, "auto" = the activation dtype, or
-        "fp8"; an event that does not report it keeps the replica's last reported dtype, "auto" when none did).
+        "fp8"; an event that does not report it keeps the replica's last reported dtype); None when the pool's
+        fleet events never reported one.
     """
 
     site: str
@@ -58,7 +59,7 @@ class PoolState:
     waiting: float = 0.0
     clock_eff_mhz: float = 0.0
     warm_age_s: float = math.inf
-    kv_dtype: str = "auto"
+    kv_dtype: str | None = "auto"
 
     @property
     def key(self) -> PoolKey:
@@ -95,9 +96,9 @@ class FleetSnapshot:
     serving-model factors; risk_band : uncertainty multiplier (1-2);
     floors : replica floors of the plan in force per pool (count; empty when unknown).
     engine_args : per pool, the KV-cache dtype and chunked-prefill token budget (tokens, None = the engine's
-        default) of the plan in force (empty when unknown; fleet events carry no token budget, the KV dtype they
-        report is `PoolState.kv_dtype`); the engine takes both at start-up, so a plan changing either restarts
-        the pool's replicas.
+        default) the replicas run: the dtype the fleet events report (`PoolState.kv_dtype`), else the running
+        plan's, and the running plan's budget (fleet events carry none; empty when unknown); the engine takes both
+        at start-up, so a plan changing either restarts the pool's replicas.
     """
 
     as_of: datetime

@@ -69,16 +69,17 @@ def test_fleet_events_drive_replica_state():
 
 def test_kv_cache_dtype_reaches_the_replicas_and_the_snapshot():
     """A pool whose replicas report an fp8 KV cache snapshots as kv_dtype "fp8"; events without the field (recorded
-    before it) as "auto"; a reconfiguration that changes only the KV dtype restarts the engine (loading)."""
+    before it) as not reported (None); a reconfiguration that changes only the KV dtype restarts the engine
+    (loading)."""
     ws = WorldState.open(":memory:")
     ws.update({"fleet_event": syn.fleet_events(T0, 2, precision="fp8", kv_cache_dtype="fp8")})
     old = syn.fleet_events(T0, 1, model="llama-3.1-8b", tp=1).drop("kv_cache_dtype")
     ws.update({"fleet_event": old.with_columns(pl.lit("r-100").alias("replica_id"))})
     assert dict(ws.frame("SELECT replica_id, kv_cache_dtype FROM replicas").iter_rows()) == {
-        "r-000": "fp8", "r-001": "fp8", "r-100": "auto"}
+        "r-000": "fp8", "r-001": "fp8", "r-100": None}
     snap = snapshot(ws, T0 + timedelta(minutes=1))
     assert snap.pool(("PJM-1", "llama-3.1-70b", "H100")).kv_dtype == "fp8"
-    assert snap.pool(("PJM-1", "llama-3.1-8b", "H100")).kv_dtype == "auto"
+    assert snap.pool(("PJM-1", "llama-3.1-8b", "H100")).kv_dtype is None
     back = syn.fleet_events(T0 + timedelta(minutes=2), 1, kind="replica_reconfigured", precision="fp8")
     ws.update({"fleet_event": back})
     row = ws.frame("SELECT state, kv_cache_dtype FROM replicas WHERE replica_id = 'r-000'").row(0)
@@ -87,7 +88,8 @@ def test_kv_cache_dtype_reaches_the_replicas_and_the_snapshot():
 
 def test_an_event_that_does_not_report_the_kv_dtype_keeps_the_replicas():
     """A replica started with an fp8 KV cache, then reconfigured by an event that reports only the clock (no
-    dtype): its engine did not restart, it stays warm at fp8; a replica whose events never report one is "auto"."""
+    dtype): its engine did not restart, it stays warm at fp8; a replica whose events never report one has none
+    (None), and its first report is no restart either."""
     ws = WorldState.open(":memory:")
     ws.update({"fleet_event": syn.fleet_events(T0, 2, precision="fp8", kv_cache_dtype="fp8")})
     clock = syn.fleet_events(T0 + timedelta(minutes=2), 1, kind="replica_reconfigured", precision="fp8",
@@ -98,8 +100,12 @@ def test_an_event_that_does_not_report_the_kv_dtype_keeps_the_replicas():
     ws.update({"fleet_event": silent})
     rows = {r[0]: r[1:] for r in ws.frame("SELECT replica_id, state, kv_cache_dtype, sm_clock_mhz FROM replicas")
             .iter_rows()}  # fmt: skip
-    assert rows == {"r-000": ("warm", "fp8", 1500), "r-001": ("warm", "fp8", 1980), "r-100": ("warm", "auto", 1980)}
+    assert rows == {"r-000": ("warm", "fp8", 1500), "r-001": ("warm", "fp8", 1980), "r-100": ("warm", None, 1980)}
     assert snapshot(ws, T0 + timedelta(minutes=3)).pool(("PJM-1", "llama-3.1-70b", "H100")).kv_dtype == "fp8"
+    first = syn.fleet_events(T0 + timedelta(minutes=4), 1, model="llama-3.1-8b", tp=1, kind="replica_reconfigured",
+                             kv_cache_dtype="fp8")
+    ws.update({"fleet_event": first.with_columns(pl.lit("r-100").alias("replica_id"))})
+    assert ws.frame("SELECT state, kv_cache_dtype FROM replicas WHERE replica_id = 'r-100'").row(0) == ("warm", "fp8")
 
 
 def test_migrating_a_v3_file_adds_the_kv_cache_dtype(tmp_path):
@@ -114,7 +120,7 @@ def test_migrating_a_v3_file_adds_the_kv_cache_dtype(tmp_path):
     ws.update({"fleet_event": syn.fleet_events(T0, 1, precision="fp8", kv_cache_dtype="fp8").with_columns(
         pl.lit("r-009").alias("replica_id"))})
     kv = dict(ws.frame("SELECT replica_id, kv_cache_dtype FROM replicas").iter_rows())
-    assert kv == {"r-000": "auto", "r-001": "auto", "r-009": "fp8"}
+    assert kv == {"r-000": None, "r-001": None, "r-009": "fp8"}  # v3 events: not reported
 
 
 def test_migrating_a_v1_file_keeps_its_data(tmp_path):

@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from schemas.fleet import GpuType, default_max_num_batched_tokens
+from schemas.fleet import GpuType, KvCacheDtype, default_max_num_batched_tokens
 from schemas.protocol import PROTOCOL_V1
 from worldmodel.selfcal import ANY, TAIL_LEVELS, Quantity, SelfCalibrator, model_key
 from worldmodel.servingmodel import PoolConfig, ServingModel, clock_or_max, size_cv_from_p90
@@ -121,7 +121,7 @@ def period_residuals(state: WorldState, model: ServingModel, start: datetime, en
             int(r["tp"] or 1),
             r["precision"] or "bf16",
             clock_or_max(r["gpu_type"], r["sm_clock_mhz"]),
-            r["kv_cache_dtype"],  # the replica state's: the last reported one, else "auto"
+            r["kv_cache_dtype"] or KvCacheDtype.AUTO,  # the replica state's last reported one, else the default
         )
         rate = float(r["n"]) / period_s
         new_mean = float(r["new_mean"] or 0.0)

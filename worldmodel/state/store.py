@@ -17,7 +17,6 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from schemas.fleet import KvCacheDtype
 from schemas.forecast import DisturbanceForecast, Interval
 from worldmodel.state.migrations import RAW_KINDS, migrate, schema_version
 
@@ -26,25 +25,27 @@ from worldmodel.state.migrations import RAW_KINDS, migrate, schema_version
 FLOAT_DIGITS = 6
 #: Replica state from the last fleet event of each replica that arrived by $as_of; a reconfiguration that
 #: changes the weights' precision or the KV-cache dtype restarts the engine (loading). An event that does not report
-#: the KV dtype (null) keeps the one the replica's last earlier event reported, else "auto"
-#: (`schemas.records.reported_kv_cache_dtype`, the same rule on frames).
-REPLICA_STATE_SQL = f"""
+#: the KV dtype (null) keeps the one the replica's last earlier event reported; null where none ever did ("not
+#: reported": the engine's default "auto" to the calibration, the running plan's to the forward model;
+#: `schemas.records.reported_kv_cache_dtype` is the same rule on frames, "auto" for never).
+REPLICA_STATE_SQL = """
 WITH ev AS (
   SELECT * REPLACE (coalesce(kv_cache_dtype,
                              last_value(kv_cache_dtype IGNORE NULLS) OVER (
                                PARTITION BY replica_id ORDER BY event_at, kind
-                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
-                             '{KvCacheDtype.AUTO}') AS kv_cache_dtype)
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)) AS kv_cache_dtype)
   FROM fleet_event WHERE arrived_at <= $as_of::TIMESTAMPTZ
 ), ev1 AS (
-  SELECT *, lag((precision, kv_cache_dtype)) OVER (PARTITION BY replica_id ORDER BY event_at, kind) AS prev_engine,
+  SELECT *, lag(precision) OVER (PARTITION BY replica_id ORDER BY event_at, kind) AS prev_precision,
+         lag(kv_cache_dtype) OVER (PARTITION BY replica_id ORDER BY event_at, kind) AS prev_kv,
          row_number() OVER (PARTITION BY replica_id ORDER BY event_at DESC, kind DESC) AS rn
   FROM ev
 )
 SELECT replica_id,
        CASE kind WHEN 'replica_started' THEN 'loading' WHEN 'replica_stopped' THEN 'cold'
                  WHEN 'replica_reconfigured' THEN
-                   CASE WHEN prev_engine IS DISTINCT FROM (precision, kv_cache_dtype) THEN 'loading' ELSE 'warm' END
+                   CASE WHEN prev_precision IS DISTINCT FROM precision OR prev_kv <> kv_cache_dtype THEN 'loading'
+                        ELSE 'warm' END
                  ELSE 'warm' END AS state,
        site, model, gpu_type, tp, precision, kv_cache_dtype, sm_clock_mhz, max_batch, hostnames,
        event_at AS since_at
