@@ -58,12 +58,22 @@ def kv_storage(kv_dtype: str = "auto") -> Precision:
     >>> kv_storage("fp8"), kv_storage("auto")
     (<Precision.FP8: 'fp8'>, <Precision.BF16: 'bf16'>)
     """
+    return Precision.FP8 if kv_cache_dtype(kv_dtype) == KvCacheDtype.FP8 else Precision.BF16
+
+
+def kv_cache_dtype(value: str) -> KvCacheDtype:
+    """`value` as a KvCacheDtype; ValueError naming the known ones for anything else.
+
+    >>> kv_cache_dtype("int8")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown KV-cache dtype 'int8'; expected one of ['auto', 'fp8']
+    """
     try:
-        kv = KvCacheDtype(kv_dtype)
+        return KvCacheDtype(value)
     except ValueError as exc:
         known = [k.value for k in KvCacheDtype]
-        raise ValueError(f"unknown KV-cache dtype {kv_dtype!r}; expected one of {known}") from exc
-    return Precision.FP8 if kv == KvCacheDtype.FP8 else Precision.BF16
+        raise ValueError(f"unknown KV-cache dtype {value!r}; expected one of {known}") from exc
 
 
 def kv_dtype_offered(precision: str, kv_dtype: str) -> bool:

@@ -219,7 +219,7 @@ def test_bf16_weights_beside_an_fp8_cache_run_as_vllm_runs_them() -> None:
     assert rt.rep.coef[reps, st.C_KVCAP].tolist() == [bf16_fp8.kv_capacity_tokens] * 2
     assert rt.rep.ready_at[reps] == pytest.approx([SWITCH_S + bf16_fp8.weights_load_s] * 2, rel=1e-12)
     assert reconfigured_engines(rt) == {("bf16", "fp8")}
-    with pytest.raises(ValueError, match="int8"):
+    with pytest.raises(ValueError, match=r"unknown KV-cache dtype 'int8'; expected one of \['auto', 'fp8'\]"):
         rt.apply_plan(static_plan(pool("H100", 2, kv_dtype="int8")))
 
 

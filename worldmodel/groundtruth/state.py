@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from schemas.fleet import PRECISION_INDEX, KvCacheDtype, Precision
+from schemas.fleet import PRECISION_INDEX, KvCacheDtype, Precision, kv_cache_dtype
 from worldmodel.physics import COEFF_FIELDS
 
 #: Telemetry sample and power-accounting step (s): the engine samples every TEL_DT, the scaler averages over it.
@@ -40,7 +40,7 @@ def precision_code(precision: str, kv_dtype: str = "auto") -> int:
     >>> precision_code("bf16"), precision_code("fp8"), precision_code("fp8", "fp8")
     (0, 1, 3)
     """
-    return PRECISION_INDEX[Precision(precision)] + N_PRECISIONS * KV_INDEX[KvCacheDtype(kv_dtype)]
+    return PRECISION_INDEX[Precision(precision)] + N_PRECISIONS * KV_INDEX[kv_cache_dtype(kv_dtype)]
 
 
 def decode_precision(code: int) -> tuple[str, str]:
