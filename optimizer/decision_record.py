@@ -79,7 +79,8 @@ def build_record(
     period_index, as_of : the period decided for; it starts at the decision time `as_of` (UTC).
     inputs : named inputs and parameters, each with at least its provenance tag (Tagged.as_dict()).
     forecasts : this period's and the following periods' disturbance forecasts.
-    decision : the chosen plan, its gates, fallback flag and reason.
+    decision : the chosen plan, its gates, fallback flag and reason, and on a Pareto fallback the candidate refused
+        with its predicted gain over the reference (the record's `refused`).
     search : the search result (None when the confidence fallback skipped it).
     reference : the reference plan scored like a candidate (None if it could not be scored).
     audit : the regret audit (None when off).
@@ -107,6 +108,8 @@ def build_record(
         "chosen_predicted": outcome_dict(decision.outcome) if decision.outcome else None,
         "fallback": decision.fallback,
         "fallback_reason": decision.reason,
+        "refused": {"plan": decision.refused[0].as_dict(), "predicted_gain": decision.refused[1]}
+        if decision.refused else None,
         "reference_plan": reference.plan.as_dict() if reference else None,
         "predicted_delta": delta,
         "regret": audit.regret if audit else None,

@@ -34,13 +34,19 @@ class Scored:
 
 @dataclass(frozen=True)
 class Decision:
-    """The recommended plan, whether it is the fallback and why, and the gate results behind it."""
+    """The recommended plan, whether it is the fallback and why, and the gate results behind it.
+
+    refused : on a Pareto fallback, the candidate the gate compared first (the best-ranked that passed the hard
+        gates) and its predicted gp/$ gain over the reference, as the gate measured both (carry-adjusted point
+        gp/$, `Objective.gp`; ratio); the audit branches it in the ground truth (streams/replay/hindsight.py).
+    """
 
     plan: Plan
     outcome: PredictedOutcome | None
     fallback: bool
     reason: str | None
     gates: tuple[GateResult, ...]
+    refused: tuple[Plan, float | None] | None = None
 
 
 def confidence_fallback(confidence: float, threshold: float) -> str | None:
@@ -135,5 +141,7 @@ def decide(ranked: Sequence[Scored], reference: Scored, objective: Objective,
             return Decision(s.plan, s.outcome, False, None, (*s.gates, g))
         first_failure = first_failure or g
     assert first_failure is not None
+    g_ref = objective.gp(reference.outcome)
+    gain = objective.gp(feasible[0].outcome) / g_ref - 1.0 if g_ref > 0 else None
     return Decision(reference.plan, reference.outcome, True, f"pareto: {first_failure.reason}",
-                    (*reference.gates, first_failure))
+                    (*reference.gates, first_failure), (feasible[0].plan, gain))

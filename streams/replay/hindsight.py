@@ -229,7 +229,7 @@ class RegretAudit:
             mine = Comparison({"chosen": cmp.screened["chosen"]}, {"chosen": cmp.full["chosen"]})
             self.realized[k]["floor"] = self._outcome(run, k, [("chosen", plan), *null_variants(plan)], mine)[0]
         refused = refused_candidate(run.decisions[-1] if run.decisions else None, k)
-        if refused is not None:  # beside the comparison set, never in it: the regret of record is unchanged
+        if refused is not None and refused[0] != plan:  # beside the set, never in it: the regret is unchanged
             self.realized[k]["refused"] = self._refused(run, k, *refused, cmp.full["chosen"])
         self.realized[k]["wall_s"] = time.perf_counter() - t
         return plan
@@ -284,30 +284,22 @@ class RegretAudit:
 
 
 def refused_candidate(record: dict[str, Any] | None, k: int) -> tuple[Plan, float | None] | None:
-    """The plan a fallback decision refused, from its record (period `k`'s, else None): the best-ranked top
-    candidate that passed every hard gate, the one the Pareto gate compared with the baseline's plan, with its
-    predicted gp/$ gain over that plan (ratio; None where the record lacks the predictions). None when the
-    decision did not fall back, or fell back before any candidate passed the hard gates (low forecast
-    confidence, missing inputs, none feasible).
+    """The plan a fallback decision refused and its predicted gp/$ gain over the baseline's plan (ratio, as the
+    Pareto gate measured both), from its record (period `k`'s, else None; the record's `refused`,
+    optimizer/fallback.py). None when the decision did not fall back at the Pareto gate (it committed its own plan,
+    or fell back before any candidate passed the hard gates: low forecast confidence, missing inputs, none
+    feasible).
 
     >>> from schemas.plan import PoolPlan
     >>> p = Plan((PoolPlan("us-east", "llama-3.1-8b", "H100", 1, 4, 1, "fp8", 64, 1590),), label="c")
-    >>> rec = {"period_index": 3, "fallback": True, "chosen_predicted": {"gp_per_dollar": 400.0},
-    ...        "top_candidates": [{"plan": {}, "feasible": False},
-    ...                           {"plan": p.as_dict(), "feasible": True, "predicted": {"gp_per_dollar": 404.0}}]}
+    >>> rec = {"period_index": 3, "fallback": True, "refused": {"plan": p.as_dict(), "predicted_gain": 0.01}}
     >>> plan, gain = refused_candidate(rec, 3)
-    >>> plan == p, round(gain, 4), refused_candidate(rec, 4), refused_candidate({**rec, "fallback": False}, 3)
+    >>> plan == p, gain, refused_candidate(rec, 4), refused_candidate({**rec, "refused": None}, 3)
     (True, 0.01, None, None)
     """
-    if not record or record.get("period_index") != k or not record.get("fallback"):
+    if not record or record.get("period_index") != k or not record.get("refused"):
         return None
-    best = next((c for c in record.get("top_candidates") or () if c.get("feasible")), None)
-    if best is None:
-        return None
-    mine = (best.get("predicted") or {}).get("gp_per_dollar")
-    base = (record.get("chosen_predicted") or {}).get("gp_per_dollar")
-    gain = mine / base - 1.0 if mine is not None and base else None
-    return Plan.from_dict(best["plan"]), gain
+    return Plan.from_dict(record["refused"]["plan"]), record["refused"].get("predicted_gain")
 
 
 def refused_entry(k: int, r: dict[str, Any]) -> dict[str, Any]:

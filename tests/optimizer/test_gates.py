@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from opt_fakes import FLEET, fake_outcome, forecast, reference_plan
 
 from optimizer.fallback import Scored, confidence_fallback, decide
@@ -177,6 +178,10 @@ def test_pareto_fallback_recommends_reference_with_reason():
     assert d.fallback and d.plan is REF
     assert d.reason.startswith("pareto:") and "violation +0.50 pp" in d.reason
     assert any(g.name == "pareto" and not g.passed for g in d.gates)
+    # the candidate refused and its predicted gain as the gate measured it (twice the reference's gp/$)
+    assert d.refused is not None and d.refused[0].label == "cheaper but worse SLA"
+    assert d.refused[1] == pytest.approx(1.0)
+    assert decide([ref], ref, Objective()).refused[0] is REF  # the gate refuses the reference itself too
 
 
 def test_decide_takes_the_best_candidate_that_passes_pareto():
@@ -188,7 +193,7 @@ def test_decide_takes_the_best_candidate_that_passes_pareto():
     good = _scored(replace(REF, label="good"), replace(o, gp_per_dollar=o.gp_per_dollar * 2,
                                                          gp_per_dollar_lo=o.gp_per_dollar_lo * 2))
     d = decide([bad, good, ref], ref, Objective())
-    assert not d.fallback and d.plan.label == "good" and d.gates[-1].name == "pareto"
+    assert not d.fallback and d.plan.label == "good" and d.gates[-1].name == "pareto" and d.refused is None
 
 
 def test_no_feasible_candidate_falls_back():
@@ -196,7 +201,7 @@ def test_no_feasible_candidate_falls_back():
     o = with_violation(ref.outcome, "code", 0.5)
     cand = _scored(replace(REF, label="x"), o)
     d = decide([cand], ref, Objective())
-    assert d.fallback and d.plan is REF and "no candidate passed the hard gates" in d.reason
+    assert d.fallback and d.plan is REF and "no candidate passed the hard gates" in d.reason and d.refused is None
     assert "sla: code 50.00% > budget 1.00%" in d.reason
 
 

@@ -293,10 +293,7 @@ class Refusing(Bloated):
         lean = replace(chosen.with_pools(tuple(replace(p, replica_floor=1) for p in chosen.pools)),
                        autoscale=True, label="lean")  # fmt: skip
         self._rec = {"policy": self.name, "period_index": obs.period_index, "realized": None, "fallback": True,
-                     "chosen_predicted": {"gp_per_dollar": 100.0},
-                     "top_candidates": [{"plan": {}, "feasible": False},
-                                        {"plan": lean.as_dict(), "feasible": True,
-                                         "predicted": {"gp_per_dollar": 105.0}}]}  # fmt: skip
+                     "refused": {"plan": lean.as_dict(), "predicted_gain": 0.05}}  # fmt: skip
         return chosen
 
     def last_decision(self) -> dict | None:
