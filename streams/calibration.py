@@ -211,8 +211,8 @@ def _seconds(col: str) -> pl.Expr:
 def _with_config(frame: pl.DataFrame, events: pl.DataFrame, at: str) -> pl.DataFrame:
     """Each record with the configuration (tp, precision, KV-cache dtype, clock) and lifecycle state of its replica
     at `at` (the replica's latest fleet event strictly before; a KV dtype it does not report is the replica's last
-    reported one, `schemas.records.reported_kv_cache_dtype`)."""
-    ev = reported_kv_cache_dtype(events).select(
+    reported one: `events` have been through `schemas.records.reported_kv_cache_dtype`)."""
+    ev = events.select(
         "replica_id", _seconds("event_at").alias("_ev_t"), pl.col("kind").alias("_kind"), "tp", "precision",
         "kv_cache_dtype", "sm_clock_mhz",
         pl.col("kind").replace_strict(_LIFECYCLE, default=len(_LIFECYCLE)).alias("_order"),
@@ -349,6 +349,7 @@ def calibrate(
     completions, GPU telemetry, fleet events), starting from `physics` without its corrections (default:
     the cited calibration). Records of replicas without a fleet event before them are dropped (counted)."""
     physics = replace(physics or Physics(), corrections=())
+    fleet_events = reported_kv_cache_dtype(fleet_events)  # once, for both joins below
     dropped: dict[str, int] = {}
     comp = completions.with_columns(
         _seconds("queued_at").alias("_queued"), _seconds("first_token_at").alias("_first"),
