@@ -254,6 +254,11 @@ def default_fleet(markets: tuple[str, ...] = MARKETS) -> FleetSpec:
     return FleetSpec(sites=tuple(default_site(m) for m in markets))
 
 
+#: The ground truth's decode power fits (worldmodel.physics.power.DECODE_POWER_FITS): "record" (the ruler's) and
+#: "with-h100" (a sensitivity adding the fleet GPU's measured decode power; `--decode-power-fit`).
+DECODE_POWER_FIT_NAMES: tuple[str, ...] = ("record", "with-h100")
+
+
 def power_limited_clock_mhz(gpu: str) -> float:
     """The clock (MHz) a busy GPU holds in compute-bound work under its default power limit (the ground truth's
     prefill clock; the planner's serving model reads the same figure).

@@ -9,7 +9,7 @@ import os
 import sys
 
 from schemas.cost import COST_BASES
-from schemas.fleet import MARKETS
+from schemas.fleet import DECODE_POWER_FIT_NAMES, MARKETS
 from schemas.kafka_client import EXIT_CONFIG, EXIT_UNAVAILABLE, KafkaSettingsError, KafkaUnavailable
 
 
@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--emit-observations", action="store_true", help="write the observation stream under OUT/")
     p.add_argument("--fp8-speedup-scale", type=float, default=1.0, help="sensitivity: scale the modeled FP8 gain")
+    p.add_argument(
+        "--decode-power-fit", choices=DECODE_POWER_FIT_NAMES, default="record",
+        help="sensitivity: the decode power fit of the ground truth (record; with-h100 adds the fleet GPU's "
+        "measured batch-64 decode power, docs/physics.md)",
+    )  # fmt: skip
     p.add_argument(
         "--tune-draws", type=int, default=None,
         help="workload draws of the week before each configuration of the week-before search is measured on and "

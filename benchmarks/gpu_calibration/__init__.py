@@ -19,8 +19,10 @@ Measures
 Clocks and power limits are left as found. Timing: CUDA events per iteration, warm-up first, medians.
 
 Writes $OUT/gpu_calibration.json (OUT defaults to ./out) and $OUT/gpu_calibration_smi.csv, prints a table.
-The lent device is an H200, not the fleet's H100/A100: the figures cross-check ratios (fp8/bf16 speed-up,
-decode batch scaling, prefill per-token cost, power at idle vs decode vs prefill), not H100 coefficients.
+Runs on a lent H200 or H100 (the fleet's GPU type); plain PyTorch kernels, not a serving engine, so step times
+are a lower bound on an engine's speed: the figures cross-check ratios (fp8/bf16 speed-up, decode batch scaling,
+prefill per-token cost) and the power and clock figures (idle, decode, power-limited prefill), not step
+coefficients. `benchmarks/gpu_vs_truth.py` sets an H100 run beside the ground truth's H100 physics.
 
 Modules, in the order a run uses them: config (model shape and run sizes), runner (state, log, JSON),
 environment (device probe), sampling (nvidia-smi / NVML samplers), model (the stack), build (model, fp8

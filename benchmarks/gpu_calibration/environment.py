@@ -47,8 +47,8 @@ def probe(r: Runner) -> None:
                 "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
             }
         )
-        if "H200" not in p.name:
-            r.res["device_warning"] = f"expected an H200, found {p.name}"
+        if not any(g in p.name for g in ("H100", "H200")):
+            r.res["device_warning"] = f"expected an H100 or H200 (Hopper), found {p.name}"
     r.res["environment"] = env
     c = r.cfg
     r.res["config"] = {

@@ -53,10 +53,11 @@ class Runner:
             "script": SCRIPT,
             "measured_at": now_iso(),
             "note": (
-                "Measured on a lent NVIDIA H200 (not the fleet's H100/A100), one GPU, random weights in "
-                "Llama-3.1-8B shapes, PyTorch eager/CUDA-graph kernels (not a serving engine). Use as a "
-                "cross-check of ratios (fp8/bf16 speed-up, decode batch scaling, prefill per-token cost, power "
-                "at idle vs decode vs prefill), not as H100 coefficients. Clocks and power limits left as found."
+                "Measured on one lent GPU (environment.device_name), random weights in Llama-3.1-8B shapes, "
+                "PyTorch eager/CUDA-graph kernels (not a serving engine): a lower bound on an engine's speed. "
+                "Use as a cross-check of ratios (fp8/bf16 speed-up, decode batch scaling, prefill per-token "
+                "cost, power at idle vs decode vs prefill) and, on an H100, of the H100 power and clock "
+                "figures; not as engine step coefficients. Clocks and power limits left as found."
             ),
             "dry_run": bool(args.dry_run),
             "errors": [],

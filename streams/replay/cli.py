@@ -514,6 +514,7 @@ def _physics(args: argparse.Namespace) -> Physics:
     return Physics(
         fp8_speedup_scale=args.fp8_speedup_scale,
         scaler_trigger=getattr(args, "scaler_trigger", "v1"),
+        decode_power_fit=getattr(args, "decode_power_fit", "record"),
         **({"clock_power_exponent": args.clock_power_exponent} if args.clock_power_exponent else {}),
         cold_start_s=getattr(args, "cold_start_s", None),
     )

@@ -159,6 +159,37 @@ def test_small_batch_decode_draws_less_than_prefill_and_idle_draws_the_tagged_fi
     assert d[decode_rep]["temp"].max() < p[prefill_rep]["temp"].min()
 
 
+def test_decode_power_fit_sensitivity_moves_decode_power_only() -> None:
+    """`Physics(decode_power_fit="with-h100")`: a batch-2 decode replica draws what that fit reads at its HBM
+    utilization (less than the record's), a prefill-busy one the same; no request's timing moves."""
+    rows = [(0.1 + 0.001 * k, 500, 20000) for k in range(2)]
+    pre_rows = [(0.2 + 0.25 * k, 8000, 2) for k in range(240)]
+    runs = {}
+    for fit in ("record", "with-h100"):
+        dec = _runtime(rows, _plan(1), Physics(decode_power_fit=fit))
+        dec.advance(60.0)
+        pre = _runtime(pre_rows, _plan(1), Physics(decode_power_fit=fit))
+        pre.advance(60.0)
+        runs[fit] = (dec, pre)
+    (d_rec,), (d_h100,) = (_tel(runs[f][0]).values() for f in ("record", "with-h100"))
+    assert (d_rec["running"] == 2).all() and d_rec["util"].min() > 0.95
+    assert d_rec["power"].max() < 129.0 + 571.0 * power.A_PREFILL.value - 1.0  # below the cap: the fit is linear
+    fits, batch = power.DECODE_POWER_FITS, 1.0 / 8.0  # log2(2) / 8
+    # same u and batch under both fits: recover the mean HBM utilization from the record's power, apply the other
+    act = (d_rec["power"].mean() - 129.0) / 571.0
+    u = (act - fits["record"][0] - fits["record"][2] * batch) / fits["record"][1]
+    expect = 129.0 + 571.0 * (fits["with-h100"][0] + fits["with-h100"][1] * u + fits["with-h100"][2] * batch)
+    assert d_h100["power"].mean() == pytest.approx(expect, rel=1e-6)
+    assert d_h100["power"].mean() < d_rec["power"].mean() - 5.0
+    (p_rec,), (p_h100,) = (_tel(runs[f][1]).values() for f in ("record", "with-h100"))
+    assert p_h100["power"].mean() == pytest.approx(p_rec["power"].mean(), rel=1e-9)
+    for dec_or_pre in (0, 1):
+        a, b = (runs[f][dec_or_pre].req for f in ("record", "with-h100"))
+        assert np.array_equal(a.first, b.first, equal_nan=True) and np.array_equal(a.done, b.done, equal_nan=True)
+    with pytest.raises(ValueError, match="decode_power_fit"):
+        _runtime(rows, _plan(1), Physics(decode_power_fit="h200"))
+
+
 def test_decode_power_fit_error_is_what_the_docs_report() -> None:
     err = power.decode_fit_error()
     assert err["rms"] < 0.035 and err["max"] < 0.06  # docs/physics.md: RMS 3.1%, worst 5.5% of TDP

@@ -27,6 +27,7 @@ from worldmodel.groundtruth.reconfigure import reload_replica
 from worldmodel.groundtruth.scaler import log_event, start_replica
 from worldmodel.groundtruth.state import TEL_DT
 from worldmodel.physics import node_overhead_w, step_coefficients
+from worldmodel.physics.power import DECODE_POWER_FITS
 from worldmodel.physics.tables import gpu_spec
 
 MODELS = ("llama-3.1-8b", "llama-3.1-70b")
@@ -91,6 +92,9 @@ class Physics:
     load_power_frac: float = 0.3
     cold_start_s: float | None = None  # replica start to ready (s); None: the cited default of the physics
     scaler_trigger: str = "v1"  # "v1": vLLM V1 waiting semantics + deferrable slack; "legacy": the old trigger
+    #: decode power activity fit (worldmodel.physics.power.DECODE_POWER_FITS): "record", or "with-h100" (adds the
+    #: fleet GPU's measured batch-64 decode power; a sensitivity, docs/physics.md)
+    decode_power_fit: str = "record"
     #: coefficient corrections fitted to an operator's records, applied in order to the pools each matches;
     #: empty: the cited coefficients
     corrections: tuple[CoefficientCorrections, ...] = ()
@@ -282,6 +286,9 @@ class SiteRuntime:
         self.sf[st.S_NODE_OVERHEAD_H100] = node_overhead_w("H100")
         self.sf[st.S_NODE_OVERHEAD_A100] = node_overhead_w("A100")
         self.sf[st.S_GAMMA] = self.physics.clock_power_exponent
+        if self.physics.decode_power_fit not in DECODE_POWER_FITS:
+            raise ValueError(f"decode_power_fit {self.physics.decode_power_fit!r}: one of {sorted(DECODE_POWER_FITS)}")
+        self.sf[[st.S_DEC_0, st.S_DEC_BW, st.S_DEC_BATCH]] = DECODE_POWER_FITS[self.physics.decode_power_fit]
         self.sf[st.S_RELEASE_MARGIN] = self.physics.release_margin_s
         self.sf[st.S_LOAD_POWER_FRAC] = self.physics.load_power_frac
         self.plan: Plan | None = None

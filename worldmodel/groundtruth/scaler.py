@@ -62,6 +62,9 @@ from worldmodel.groundtruth.state import (
     S_AS_TARGET,
     S_AS_TICK,
     S_AUTOSCALE,
+    S_DEC_0,
+    S_DEC_BATCH,
+    S_DEC_BW,
     S_DONE_PTR,
     S_DOUT_N,
     S_DOUT_SUM,
@@ -82,13 +85,12 @@ from worldmodel.groundtruth.state import (
     Replicas,
     Requests,
 )
-from worldmodel.physics.power import A_PREFILL, DEC_0, DEC_BATCH, DEC_BW
+from worldmodel.physics.power import A_PREFILL
 from worldmodel.physics.tables import HBM_EFFICIENCY
 
 STABILIZATION_TICKS = 20  # 300 s of 15 s ticks
-# power model constants (worldmodel.physics.power), frozen into the compiled code
+# power model constants (worldmodel.physics.power), frozen into the compiled code (the decode fit is in sf)
 _A_PREFILL = A_PREFILL.value
-_DEC_0, _DEC_BW, _DEC_BATCH = DEC_0.value, DEC_BW.value, DEC_BATCH.value
 _HBM_EFF = HBM_EFFICIENCY
 #: Telemetry GPU temperature (C) = _TEMP_C0 + _TEMP_C_PER_W x board power: a line through the project's H200
 #: phases (37 C at 129 W idle, 53 C at 664 W decode, 58 C at 693 W prefill; 8 s phases, not steady state).
@@ -673,8 +675,8 @@ def telemetry_tick(
             act = sf[S_LOAD_POWER_FRAC] * (f_set / fmax) ** gamma
             clock_eff = f_set
         else:
-            a_dec = _DEC_0 + _DEC_BW * decode_hbm_util(rep, pools, r)
-            a_dec += _DEC_BATCH * min(1.0, math.log2(max(rep.n[r], 1)) / 8.0)
+            a_dec = sf[S_DEC_0] + sf[S_DEC_BW] * decode_hbm_util(rep, pools, r)
+            a_dec += sf[S_DEC_BATCH] * min(1.0, math.log2(max(rep.n[r], 1)) / 8.0)
             a_dec = min(_A_PREFILL, max(0.0, a_dec))  # nothing draws more than the power limit allows
             act = pf * _A_PREFILL * (min(f_set, f_pl) / f_pl) ** gamma + (util - pf) * a_dec * (f_set / fmax) ** gamma
             clock_eff = f_set - pf * max(0.0, f_set - f_pl)
