@@ -5,8 +5,8 @@ Usage: python benchmarks/gpu_vs_truth.py [benchmarks/results/gpu_calibration_h10
 For every shape the run measured (decode of b sequences at context 1,024; one causal prefill of p tokens) it
 prints the truth's step time (`worldmodel.physics.step_coefficients`, the pool the simulator runs) beside the
 measured one, the fp8 / bf16 ratios of both, and the power and clock figures: idle, batch-64 decode at the
-measured step's HBM utilization and at the truth's own (and by the `with-h100` sensitivity fit, which
-includes these runs), 8k prefill, and the clock a busy prefill holds under
+measured step's HBM utilization and at the truth's own (and by the "h100-measured" sensitivity fit, whose H100
+intercept is fitted to these runs), 8k prefill, and the clock a busy prefill holds under
 the 700 W limit (`schemas.fleet.POWER_LIMITED_CLOCK_MHZ`). Several files: one column per run.
 
 The measured kernels are plain PyTorch, not a serving engine, so measured step times are a lower bound on an
@@ -76,7 +76,7 @@ def rows(run: dict) -> list[tuple[str, float, float]]:
         for label, step_ms, fit in (
             ("measured step", ph["unit_ms"], "record"),
             ("its own step", decode_ms(prec, b, ctx), "record"),
-            ("measured step, with-h100 fit", ph["unit_ms"], "with-h100"),
+            ("measured step, h100-measured fit", ph["unit_ms"], "h100-measured"),
         ):
             w, u = decode_power_w(prec, b, ctx, step_ms, fit)
             out.append((f"decode b{b} {prec} W (truth at {label}, u {u:.2f})", ph["power_w_mean"], w))

@@ -255,8 +255,8 @@ def default_fleet(markets: tuple[str, ...] = MARKETS) -> FleetSpec:
 
 
 #: The ground truth's decode power fits (worldmodel.physics.power.DECODE_POWER_FITS): "record" (the ruler's) and
-#: "with-h100" (a sensitivity adding the fleet GPU's measured decode power; `--decode-power-fit`).
-DECODE_POWER_FIT_NAMES: tuple[str, ...] = ("record", "with-h100")
+#: "h100-measured" (a sensitivity: the H100's intercept fitted to its measured decode power; `--decode-power-fit`).
+DECODE_POWER_FIT_NAMES: tuple[str, ...] = ("record", "h100-measured")
 
 
 def power_limited_clock_mhz(gpu: str) -> float:

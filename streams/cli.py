@@ -105,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8-speedup-scale", type=float, default=1.0, help="sensitivity: scale the modeled FP8 gain")
     p.add_argument(
         "--decode-power-fit", choices=DECODE_POWER_FIT_NAMES, default="record",
-        help="sensitivity: the decode power fit of the ground truth (record; with-h100 adds the fleet GPU's "
-        "measured batch-64 decode power, docs/physics.md)",
+        help="sensitivity: the decode power fit of the ground truth (record; h100-measured fits the H100's "
+        "intercept to the fleet GPU's measured batch-64 decode power, docs/physics.md)",
     )  # fmt: skip
     p.add_argument(
         "--tune-draws", type=int, default=None,

@@ -159,35 +159,34 @@ def test_small_batch_decode_draws_less_than_prefill_and_idle_draws_the_tagged_fi
     assert d[decode_rep]["temp"].max() < p[prefill_rep]["temp"].min()
 
 
-def test_decode_power_fit_sensitivity_moves_decode_power_only() -> None:
-    """`Physics(decode_power_fit="with-h100")`: a batch-2 decode replica draws what that fit reads at its HBM
-    utilization (less than the record's), a prefill-busy one the same; no request's timing moves."""
-    rows = [(0.1 + 0.001 * k, 500, 20000) for k in range(2)]
-    pre_rows = [(0.2 + 0.25 * k, 8000, 2) for k in range(240)]
-    runs = {}
-    for fit in ("record", "with-h100"):
-        dec = _runtime(rows, _plan(1), Physics(decode_power_fit=fit))
-        dec.advance(60.0)
-        pre = _runtime(pre_rows, _plan(1), Physics(decode_power_fit=fit))
-        pre.advance(60.0)
-        runs[fit] = (dec, pre)
-    (d_rec,), (d_h100,) = (_tel(runs[f][0]).values() for f in ("record", "with-h100"))
-    assert (d_rec["running"] == 2).all() and d_rec["util"].min() > 0.95
-    assert d_rec["power"].max() < 129.0 + 571.0 * power.A_PREFILL.value - 1.0  # below the cap: the fit is linear
-    fits, batch = power.DECODE_POWER_FITS, 1.0 / 8.0  # log2(2) / 8
-    # same u and batch under both fits: recover the mean HBM utilization from the record's power, apply the other
-    act = (d_rec["power"].mean() - 129.0) / 571.0
-    u = (act - fits["record"][0] - fits["record"][2] * batch) / fits["record"][1]
-    expect = 129.0 + 571.0 * (fits["with-h100"][0] + fits["with-h100"][1] * u + fits["with-h100"][2] * batch)
-    assert d_h100["power"].mean() == pytest.approx(expect, rel=1e-6)
-    assert d_h100["power"].mean() < d_rec["power"].mean() - 5.0
-    (p_rec,), (p_h100,) = (_tel(runs[f][1]).values() for f in ("record", "with-h100"))
-    assert p_h100["power"].mean() == pytest.approx(p_rec["power"].mean(), rel=1e-9)
-    for dec_or_pre in (0, 1):
-        a, b = (runs[f][dec_or_pre].req for f in ("record", "with-h100"))
+def test_decode_power_fit_sensitivity_moves_h100_decode_power_only() -> None:
+    """`Physics(decode_power_fit="h100-measured")`: an H100 decode replica draws the H100 shift's activity less
+    (571 W x shift), a prefill-busy one nearly the same, an A100 decode replica the same; no timing moves."""
+    shift = power.DECODE_POWER_FITS["h100-measured"].shift
+    assert shift[fleet.GPU_INDEX[GpuType.H100]] == pytest.approx(-0.095, abs=0.005)
+    assert shift[fleet.GPU_INDEX[GpuType.A100]] == 0.0
+    decode = [(0.1 + 0.001 * k, 500, 20000) for k in range(2)]
+    prefill = [(0.2 + 0.25 * k, 8000, 2) for k in range(240)]
+    runs: dict[tuple[str, str, str], SiteRuntime] = {}
+    for fit in fleet.DECODE_POWER_FIT_NAMES:
+        for name, rows, gpu in (("decode", decode, "H100"), ("prefill", prefill, "H100"), ("decode", decode, "A100")):
+            rt = _runtime(rows, _plan(1, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1], gpu), Physics(decode_power_fit=fit))
+            rt.advance(60.0)
+            runs[fit, name, gpu] = rt
+    for name, gpu, moved in (("decode", "H100", 571.0 * shift[0]), ("prefill", "H100", 0.0), ("decode", "A100", 0.0)):
+        (rec,), (h100,) = (_tel(runs[fit, name, gpu]).values() for fit in fleet.DECODE_POWER_FIT_NAMES)
+        assert rec["util"].min() > 0.95
+        if name == "decode":  # below the cap, where the fit is linear
+            assert (rec["running"] == 2).all() and rec["power"].max() < 129.0 + 571.0 * power.A_PREFILL.value - 1.0
+        diff = (h100["power"] - rec["power"]).to_numpy()
+        if name == "prefill":  # only its few decode steps (2 output tokens per prompt) move
+            assert (diff <= 0.0).all() and diff.min() > 0.02 * 571.0 * shift[0]
+        else:
+            assert diff == pytest.approx(moved, abs=1e-6)
+        a, b = (runs[fit, name, gpu].req for fit in fleet.DECODE_POWER_FIT_NAMES)
         assert np.array_equal(a.first, b.first, equal_nan=True) and np.array_equal(a.done, b.done, equal_nan=True)
     with pytest.raises(ValueError, match="decode_power_fit"):
-        _runtime(rows, _plan(1), Physics(decode_power_fit="h200"))
+        _runtime(decode, _plan(1), Physics(decode_power_fit="h200"))
 
 
 def test_decode_power_fit_error_is_what_the_docs_report() -> None:

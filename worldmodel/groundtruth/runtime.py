@@ -92,8 +92,8 @@ class Physics:
     load_power_frac: float = 0.3
     cold_start_s: float | None = None  # replica start to ready (s); None: the cited default of the physics
     scaler_trigger: str = "v1"  # "v1": vLLM V1 waiting semantics + deferrable slack; "legacy": the old trigger
-    #: decode power activity fit (worldmodel.physics.power.DECODE_POWER_FITS): "record", or "with-h100" (adds the
-    #: fleet GPU's measured batch-64 decode power; a sensitivity, docs/physics.md)
+    #: decode power activity fit (worldmodel.physics.power.DECODE_POWER_FITS): "record", or "h100-measured" (the
+    #: H100's intercept fitted to its measured batch-64 decode power; a sensitivity, docs/physics.md)
     decode_power_fit: str = "record"
     #: coefficient corrections fitted to an operator's records, applied in order to the pools each matches;
     #: empty: the cited coefficients
@@ -106,7 +106,13 @@ class Physics:
 
 
 def coef_row(
-    model: str, gpu: str, tp: int, precision: str, clock_mhz: float, physics: Physics, kv_dtype: str = "auto",
+    model: str,
+    gpu: str,
+    tp: int,
+    precision: str,
+    clock_mhz: float,
+    physics: Physics,
+    kv_dtype: str = "auto",
     token_budget: int | None = None,
 ) -> np.ndarray:
     """Coefficient row in worldmodel.physics.COEFF_FIELDS order (the engine's state.C_* columns).
@@ -288,7 +294,9 @@ class SiteRuntime:
         self.sf[st.S_GAMMA] = self.physics.clock_power_exponent
         if self.physics.decode_power_fit not in DECODE_POWER_FITS:
             raise ValueError(f"decode_power_fit {self.physics.decode_power_fit!r}: one of {sorted(DECODE_POWER_FITS)}")
-        self.sf[[st.S_DEC_0, st.S_DEC_BW, st.S_DEC_BATCH]] = DECODE_POWER_FITS[self.physics.decode_power_fit]
+        fit = DECODE_POWER_FITS[self.physics.decode_power_fit]
+        self.sf[[st.S_DEC_0, st.S_DEC_BW, st.S_DEC_BATCH]] = fit.c0, fit.c_bw, fit.c_batch
+        self.sf[st.S_DEC_SHIFT : st.S_DEC_SHIFT + len(fit.shift)] = fit.shift
         self.sf[st.S_RELEASE_MARGIN] = self.physics.release_margin_s
         self.sf[st.S_LOAD_POWER_FRAC] = self.physics.load_power_frac
         self.plan: Plan | None = None

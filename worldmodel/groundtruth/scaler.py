@@ -65,6 +65,7 @@ from worldmodel.groundtruth.state import (
     S_DEC_0,
     S_DEC_BATCH,
     S_DEC_BW,
+    S_DEC_SHIFT,
     S_DONE_PTR,
     S_DOUT_N,
     S_DOUT_SUM,
@@ -675,7 +676,7 @@ def telemetry_tick(
             act = sf[S_LOAD_POWER_FRAC] * (f_set / fmax) ** gamma
             clock_eff = f_set
         else:
-            a_dec = sf[S_DEC_0] + sf[S_DEC_BW] * decode_hbm_util(rep, pools, r)
+            a_dec = sf[S_DEC_0] + sf[S_DEC_SHIFT + pools.gpu[p]] + sf[S_DEC_BW] * decode_hbm_util(rep, pools, r)
             a_dec += sf[S_DEC_BATCH] * min(1.0, math.log2(max(rep.n[r], 1)) / 8.0)
             a_dec = min(_A_PREFILL, max(0.0, a_dec))  # nothing draws more than the power limit allows
             act = pf * _A_PREFILL * (min(f_set, f_pl) / f_pl) ** gamma + (util - pf) * a_dec * (f_set / fmax) ** gamma

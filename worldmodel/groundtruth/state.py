@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from schemas.fleet import PRECISION_INDEX, KvCacheDtype, Precision, kv_cache_dtype
+from schemas.fleet import GPU_INDEX, PRECISION_INDEX, KvCacheDtype, Precision, kv_cache_dtype
 from worldmodel.physics import COEFF_FIELDS
 
 #: Telemetry sample and power-accounting step (s): the engine samples every TEL_DT, the scaler averages over it.
@@ -202,11 +202,11 @@ S_GAMMA, S_TOKEN_BUDGET, S_RELEASE_MARGIN, S_AS_TARGET, S_LOAD_POWER_FRAC = rang
 # autoscaler's running mean of deferrable output length; read only after completion)
 S_DOUT_SUM = 10
 S_DOUT_N = S_DOUT_SUM + MAX_MODELS
-# decode power activity = S_DEC_0 + S_DEC_BW x HBM utilization + S_DEC_BATCH x batch feature
-# (worldmodel.physics.power.DECODE_POWER_FITS, by Physics.decode_power_fit)
+# decode power activity = S_DEC_0 + S_DEC_SHIFT + g + S_DEC_BW x HBM utilization + S_DEC_BATCH x batch feature, g the
+# GPU type index (worldmodel.physics.power.DECODE_POWER_FITS, by Physics.decode_power_fit)
 S_DEC_0 = S_DOUT_N + MAX_MODELS
-S_DEC_BW, S_DEC_BATCH = S_DEC_0 + 1, S_DEC_0 + 2
-N_FSCALARS = S_DEC_0 + 3
+S_DEC_BW, S_DEC_BATCH, S_DEC_SHIFT = S_DEC_0 + 1, S_DEC_0 + 2, S_DEC_0 + 3
+N_FSCALARS = S_DEC_SHIFT + len(GPU_INDEX)
 # int scalars
 S_ARR_PTR, S_ADMISSION, S_ROUTING, S_EDF, S_AUTOSCALE, S_HEAP_N, S_AS_TICK, S_N_SITES = range(8)
 S_RR = 8  # round-robin pointer of model m at S_RR + m (one per model: a shared one skews the rotation)

@@ -28,11 +28,11 @@ NICs, fans), held constant and set so that an idle 8-GPU node draws the Splitwis
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from schemas.fleet import DECODE_POWER_FIT_NAMES, GPUS_PER_NODE, power_limited_clock_mhz
+from schemas.fleet import DECODE_POWER_FIT_NAMES, GPU_INDEX, GPUS_PER_NODE, GpuType, power_limited_clock_mhz
 from schemas.provenance import Provenance, Tagged
 from worldmodel.physics.tables import gpu_spec, max_clock_mhz
 
@@ -81,8 +81,8 @@ def _batch_feature(n: float) -> float:
 
 #: The fleet's own GPU, measured after the record's fit (2026-12-05, benchmarks/results/gpu_calibration_h100.json
 #: and _repeat.json, the two runs' means; 8B shapes, batch 64, context 1,025, CUDA-graph decode; u over the H100's
-#: 3.35 TB/s). Not in the ruler of record: the `decode_power_fit="with-h100"` sensitivity adds them
-#: (benchmarks/gpu_vs_truth.py sets the record's fit beside them: it reads 0.95 / 0.82 where they drew 0.84 / 0.74).
+#: 3.35 TB/s). Not in the ruler of record, which reads 0.95 / 0.82 where the H100 drew 0.84 / 0.74
+#: (benchmarks/gpu_vs_truth.py); the "h100-measured" sensitivity fits the H100's intercept to them.
 H100_DECODE_POWER_POINTS: tuple[tuple, ...] = (
     ("H100 8B bf16 b64", 23.608e9 / 10.898e-3 / _H100_HBM, 64, (610.9 - 129.0) / 571.0, 700.0, 129.0),
     ("H100 8B fp8 b64", 16.629e9 / 9.517e-3 / _H100_HBM, 64, (551.5 - 129.0) / 571.0, 700.0, 129.0),
@@ -96,43 +96,66 @@ def _fit(points: tuple[tuple, ...]) -> tuple[float, float, float]:
     return float(c[0]), float(c[1]), float(c[2])
 
 
-#: (DEC_0, DEC_BW, DEC_BATCH) by fit: "record" (the ruler of record: H200 + Splitwise A100 points) and
-#: "with-h100" (a sensitivity: the same points and the fleet GPU's own, `H100_DECODE_POWER_POINTS`).
-DECODE_POWER_FITS: dict[str, tuple[float, float, float]] = dict(
+class DecodePowerFit(NamedTuple):
+    """a_dec = c0 + shift[GPU_INDEX of the GPU] + c_bw x u + c_batch x min(1, log2(n) / 8) (activity, 0-1)."""
+
+    c0: float
+    c_bw: float
+    c_batch: float
+    shift: tuple[float, ...]  # intercept shift per GPU type, in schemas.fleet.GPU_INDEX order
+
+
+def _h100_shift(c: tuple[float, float, float]) -> float:
+    """Least-squares intercept shift of the fit `c` on the H100 points (the mean residual)."""
+    residuals = [a - (c[0] + c[1] * u + c[2] * _batch_feature(n)) for _, u, n, a, *_ in H100_DECODE_POWER_POINTS]
+    return float(np.mean(residuals))
+
+
+_C = _fit(DECODE_POWER_POINTS)
+_NO_SHIFT = (0.0,) * len(GPU_INDEX)
+#: Decode power fits by name (schemas.fleet.DECODE_POWER_FIT_NAMES): "record" (the ruler of record: the H200 and
+#: Splitwise A100 points, one intercept) and "h100-measured" (a sensitivity: the same slopes, the H100's intercept
+#: moved onto the fleet GPU's own measured points, `H100_DECODE_POWER_POINTS`; the A100's unchanged).
+DECODE_POWER_FITS: dict[str, DecodePowerFit] = dict(
     zip(
         DECODE_POWER_FIT_NAMES,
-        (_fit(DECODE_POWER_POINTS), _fit(DECODE_POWER_POINTS + H100_DECODE_POWER_POINTS)),
+        (
+            DecodePowerFit(*_C, _NO_SHIFT),
+            DecodePowerFit(*_C, tuple(_h100_shift(_C) if g == GpuType.H100 else 0.0 for g in GPU_INDEX)),
+        ),
         strict=True,
     )
 )
-_C = DECODE_POWER_FITS["record"]
 _FIT_SRC = "least squares on DECODE_POWER_POINTS (H200 measured + Splitwise A100), RMS 3.1% of TDP"
 DEC_0 = Tagged(_C[0], "1", Provenance.BENCHMARK_CALIBRATED, _FIT_SRC)
 DEC_BW = Tagged(_C[1], "1", Provenance.BENCHMARK_CALIBRATED, _FIT_SRC)
 DEC_BATCH = Tagged(_C[2], "1", Provenance.BENCHMARK_CALIBRATED, _FIT_SRC)
 
 
-def decode_activity(hbm_util: float, batch: float, fit: str = "record") -> float:
+def decode_activity(hbm_util: float, batch: float, fit: str = "record", gpu: str | None = None) -> float:
     """Dynamic-power activity (0-1) of memory-bound decode at HBM utilization `hbm_util` and `batch` sequences,
-    by the `DECODE_POWER_FITS` entry `fit`.
+    by the `DECODE_POWER_FITS` entry `fit` on `gpu` (None: no GPU's intercept shift).
 
     Examples
     --------
     >>> decode_activity(0.2, 1) < decode_activity(0.2, 64) < decode_activity(0.6, 64) <= A_PREFILL.value
     True
-    >>> decode_activity(0.65, 64, "with-h100") < decode_activity(0.65, 64)  # the H100 drew less than the fit
-    True
+    >>> round(decode_activity(0.65, 64, "h100-measured", "H100") - decode_activity(0.65, 64, gpu="H100"), 3)
+    -0.095
     """
     if fit not in DECODE_POWER_FITS:
         raise ValueError(f"decode power fit {fit!r}: one of {sorted(DECODE_POWER_FITS)}")
-    c0, c_bw, c_batch = DECODE_POWER_FITS[fit]
-    a = c0 + c_bw * hbm_util + c_batch * _batch_feature(batch)
+    f = DECODE_POWER_FITS[fit]
+    shift = 0.0 if gpu is None else f.shift[GPU_INDEX[GpuType(gpu)]]
+    a = f.c0 + shift + f.c_bw * hbm_util + f.c_batch * _batch_feature(batch)
     return min(A_PREFILL.value, max(0.0, a))  # no activity draws more than the power limit allows
 
 
-def decode_fit_error(fit: str = "record", points: tuple[tuple, ...] = DECODE_POWER_POINTS) -> dict[str, float]:
-    """Error of a decode activity fit on `points`, as a fraction of each GPU's power limit (rms, max)."""
-    e = np.array([(decode_activity(u, n, fit) - a) * (lim - idle) / lim for _, u, n, a, lim, idle in points])
+def decode_fit_error(
+    fit: str = "record", points: tuple[tuple, ...] = DECODE_POWER_POINTS, gpu: str | None = None
+) -> dict[str, float]:
+    """Error of a decode activity fit on `points` (of `gpu`), as a fraction of each GPU's power limit (rms, max)."""
+    e = np.array([(decode_activity(u, n, fit, gpu) - a) * (lim - idle) / lim for _, u, n, a, lim, idle in points])
     return {"rms": float(np.sqrt((e**2).mean())), "max": float(np.abs(e).max())}
 
 
@@ -200,7 +223,7 @@ def gpu_power_w(
     gamma = CLOCK_POWER_EXPONENT.value if clock_power_exponent is None else clock_power_exponent
     pf = util if prefill_share is None else min(max(prefill_share, 0.0), util)
     f_pl = power_limited_clock_mhz(gpu)
-    a_dec = 1.0 if hbm_util is None else decode_activity(hbm_util, batch, decode_power_fit)
+    a_dec = 1.0 if hbm_util is None else decode_activity(hbm_util, batch, decode_power_fit, gpu)
     act = pf * A_PREFILL.value * (min(sm_clock_mhz, f_pl) / f_pl) ** gamma
     act += (util - pf) * a_dec * (sm_clock_mhz / max_clock_mhz(gpu)) ** gamma
     return idle + (peak - idle) * act
