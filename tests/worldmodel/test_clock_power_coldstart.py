@@ -173,16 +173,18 @@ def test_decode_power_fit_sensitivity_moves_h100_decode_power_only() -> None:
             rt = _runtime(rows, _plan(1, SM_CLOCK_RANGE_MHZ[GpuType(gpu)][1], gpu), Physics(decode_power_fit=fit))
             rt.advance(60.0)
             runs[fit, name, gpu] = rt
-    for name, gpu, moved in (("decode", "H100", 571.0 * shift[0]), ("prefill", "H100", 0.0), ("decode", "A100", 0.0)):
+    for name, gpu in (("decode", "H100"), ("prefill", "H100"), ("decode", "A100")):
+        spec = tables.gpu_spec(gpu)
+        dynamic_w = spec.tdp_w.value - spec.idle_w.value
         (rec,), (h100,) = (_tel(runs[fit, name, gpu]).values() for fit in fleet.DECODE_POWER_FIT_NAMES)
         assert rec["util"].min() > 0.95
-        if name == "decode":  # below the cap, where the fit is linear
-            assert (rec["running"] == 2).all() and rec["power"].max() < 129.0 + 571.0 * power.A_PREFILL.value - 1.0
         diff = (h100["power"] - rec["power"]).to_numpy()
         if name == "prefill":  # only its few decode steps (2 output tokens per prompt) move
-            assert (diff <= 0.0).all() and diff.min() > 0.02 * 571.0 * shift[0]
-        else:
-            assert diff == pytest.approx(moved, abs=1e-6)
+            assert (diff <= 0.0).all() and diff.min() > 0.02 * dynamic_w * shift[fleet.GPU_INDEX[GpuType.H100]]
+        else:  # below the cap, where the fit is linear: the whole shift, in W
+            assert (rec["running"] == 2).all()
+            assert rec["power"].max() < spec.idle_w.value + dynamic_w * power.A_PREFILL.value - 1.0
+            assert diff == pytest.approx(dynamic_w * shift[fleet.GPU_INDEX[GpuType(gpu)]], abs=1e-6)
         a, b = (runs[fit, name, gpu].req for fit in fleet.DECODE_POWER_FIT_NAMES)
         assert np.array_equal(a.first, b.first, equal_nan=True) and np.array_equal(a.done, b.done, equal_nan=True)
     with pytest.raises(ValueError, match="decode_power_fit"):

@@ -106,13 +106,7 @@ class Physics:
 
 
 def coef_row(
-    model: str,
-    gpu: str,
-    tp: int,
-    precision: str,
-    clock_mhz: float,
-    physics: Physics,
-    kv_dtype: str = "auto",
+    model: str, gpu: str, tp: int, precision: str, clock_mhz: float, physics: Physics, kv_dtype: str = "auto",
     token_budget: int | None = None,
 ) -> np.ndarray:
     """Coefficient row in worldmodel.physics.COEFF_FIELDS order (the engine's state.C_* columns).

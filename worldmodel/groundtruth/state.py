@@ -202,8 +202,8 @@ S_GAMMA, S_TOKEN_BUDGET, S_RELEASE_MARGIN, S_AS_TARGET, S_LOAD_POWER_FRAC = rang
 # autoscaler's running mean of deferrable output length; read only after completion)
 S_DOUT_SUM = 10
 S_DOUT_N = S_DOUT_SUM + MAX_MODELS
-# decode power activity = S_DEC_0 + S_DEC_SHIFT + g + S_DEC_BW x HBM utilization + S_DEC_BATCH x batch feature, g the
-# GPU type index (worldmodel.physics.power.DECODE_POWER_FITS, by Physics.decode_power_fit)
+# decode power activity = sf[S_DEC_0] + sf[S_DEC_SHIFT + g] + sf[S_DEC_BW] x HBM utilization + sf[S_DEC_BATCH] x batch
+# feature, g the pool's GPU type index (worldmodel.physics.power.DECODE_POWER_FITS, by Physics.decode_power_fit)
 S_DEC_0 = S_DOUT_N + MAX_MODELS
 S_DEC_BW, S_DEC_BATCH, S_DEC_SHIFT = S_DEC_0 + 1, S_DEC_0 + 2, S_DEC_0 + 3
 N_FSCALARS = S_DEC_SHIFT + len(GPU_INDEX)
