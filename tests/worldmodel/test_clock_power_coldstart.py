@@ -21,6 +21,9 @@ from schemas import fleet
 from schemas.fleet import SM_CLOCK_RANGE_MHZ, GpuType, default_fleet
 from schemas.plan import BatchAdmission, Ordering, Plan, PoolPlan, Routing
 from schemas.provenance import Provenance
+from streams.cli import build_parser
+from streams.replay.cli import _physics
+from streams.replay.ruler import ruler_version
 from streams.workload.builder import REQUEST_SCHEMA
 from worldmodel.groundtruth import state as st
 from worldmodel.groundtruth.runtime import Physics, SiteRuntime
@@ -189,6 +192,13 @@ def test_decode_power_fit_sensitivity_moves_h100_decode_power_only() -> None:
         assert np.array_equal(a.first, b.first, equal_nan=True) and np.array_equal(a.done, b.done, equal_nan=True)
     with pytest.raises(ValueError, match="decode_power_fit"):
         _runtime(decode, _plan(1), Physics(decode_power_fit="h200"))
+
+
+def test_the_decode_power_fit_is_wired_from_the_cli_into_the_ruler() -> None:
+    args = build_parser().parse_args(["replay", "--decode-power-fit", "h100-measured"])
+    assert _physics(args).decode_power_fit == "h100-measured"
+    assert _physics(build_parser().parse_args(["replay"])).decode_power_fit == "record" == Physics().decode_power_fit
+    assert ruler_version(_physics(args)) != ruler_version(Physics())  # figures of the two are never compared
 
 
 def test_decode_power_fit_error_is_what_the_docs_report() -> None:
