@@ -93,8 +93,9 @@ def main(paths: list[str]) -> int:
     """Print one table: figure, truth, then measured and measured / truth per run."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     for p, r in zip(paths, runs, strict=True):
-        print(f"# {p}: {r['environment']['device_name']}, {r['measured_at']}, power limit "
-              f"{r['nvidia_smi_static']['power.limit']} W")  # fmt: skip
+        name = r["environment"]["device_name"]
+        print(f"# {p}: {name}, {r['measured_at']}, power limit {r['nvidia_smi_static']['power.limit']} W"
+              + ("" if GPU in name else f" (not an {GPU}: its power and clock rows are another board's)"))  # fmt: skip
     table = [rows(r) for r in runs]
     width = max(len(name) for name, _, _ in table[0])
     head = "".join(f"  {'measured':>9} {'m/truth':>7}" for _ in runs)
