@@ -27,7 +27,7 @@ from worldmodel.groundtruth.reconfigure import reload_replica
 from worldmodel.groundtruth.scaler import log_event, start_replica
 from worldmodel.groundtruth.state import TEL_DT
 from worldmodel.physics import node_overhead_w, step_coefficients
-from worldmodel.physics.power import DECODE_POWER_FITS
+from worldmodel.physics.power import decode_power_fit
 from worldmodel.physics.tables import gpu_spec
 
 MODELS = ("llama-3.1-8b", "llama-3.1-70b")
@@ -286,9 +286,7 @@ class SiteRuntime:
         self.sf[st.S_NODE_OVERHEAD_H100] = node_overhead_w("H100")
         self.sf[st.S_NODE_OVERHEAD_A100] = node_overhead_w("A100")
         self.sf[st.S_GAMMA] = self.physics.clock_power_exponent
-        if self.physics.decode_power_fit not in DECODE_POWER_FITS:
-            raise ValueError(f"decode_power_fit {self.physics.decode_power_fit!r}: one of {sorted(DECODE_POWER_FITS)}")
-        fit = DECODE_POWER_FITS[self.physics.decode_power_fit]
+        fit = decode_power_fit(self.physics.decode_power_fit)
         self.sf[[st.S_DEC_0, st.S_DEC_BW, st.S_DEC_BATCH]] = fit.c0, fit.c_bw, fit.c_batch
         self.sf[st.S_DEC_SHIFT : st.S_DEC_SHIFT + len(fit.shift)] = fit.shift
         self.sf[st.S_RELEASE_MARGIN] = self.physics.release_margin_s

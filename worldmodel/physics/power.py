@@ -9,8 +9,9 @@ Per GPU, over a telemetry interval in which the replica spends `prefill_share` o
 * A_PREFILL = 0.99 (measured): the project's H200 drew 693 W (bf16) / 694 W (fp8) of its 700 W limit in 8k-token
   prefill, with the clock pulled down to f_pl by the power limit (schemas.fleet.POWER_LIMITED_CLOCK_MHZ); Splitwise
   A100 peak power reaches 0.98-1.09 x TDP in every configuration. A clock target above f_pl changes nothing.
-* a_dec(u, n) = DEC_0 + DEC_BW x u + DEC_BATCH x min(1, log2(n) / 8), clipped to [0, A_PREFILL] (fitted; the
-  power limit caps it, and the fit's points span u = 0.17-0.62, so higher u is an extrapolation): u is the
+* a_dec(u, n) = c0 + c_bw x u + c_batch x min(1, log2(n) / 8) (`DECODE_POWER_FITS["record"]`), clipped to
+  [0, A_PREFILL] (benchmark-calibrated; the power limit caps it, and the fit's points span u = 0.17-0.62, so
+  higher u is an extrapolation): u is the
   step's HBM bandwidth utilization (bytes read per GPU per step / step time / datasheet HBM bandwidth), n the
   decoding sequences. Memory-bound decode draws power in proportion to the bandwidth it moves, plus a small
   rise with batch (more tensor-core work per byte). Fitted by least squares to `DECODE_POWER_POINTS`: the H200
@@ -126,10 +127,14 @@ DECODE_POWER_FITS: dict[str, DecodePowerFit] = dict(
         strict=True,
     )
 )
-_FIT_SRC = "least squares on DECODE_POWER_POINTS (H200 measured + Splitwise A100), RMS 3.1% of TDP"
-DEC_0 = Tagged(_C[0], "1", Provenance.BENCHMARK_CALIBRATED, _FIT_SRC)
-DEC_BW = Tagged(_C[1], "1", Provenance.BENCHMARK_CALIBRATED, _FIT_SRC)
-DEC_BATCH = Tagged(_C[2], "1", Provenance.BENCHMARK_CALIBRATED, _FIT_SRC)
+
+
+def decode_power_fit(name: str) -> DecodePowerFit:
+    """The `DECODE_POWER_FITS` entry `name` (benchmark-calibrated: least squares on its points); ValueError naming
+    the known fits otherwise."""
+    if name not in DECODE_POWER_FITS:
+        raise ValueError(f"decode_power_fit {name!r}: one of {list(DECODE_POWER_FIT_NAMES)}")
+    return DECODE_POWER_FITS[name]
 
 
 def decode_activity(hbm_util: float, batch: float, fit: str = "record", gpu: str | None = None) -> float:
@@ -143,9 +148,7 @@ def decode_activity(hbm_util: float, batch: float, fit: str = "record", gpu: str
     >>> round(decode_activity(0.65, 64, "h100-measured", "H100") - decode_activity(0.65, 64, gpu="H100"), 3)
     -0.095
     """
-    if fit not in DECODE_POWER_FITS:
-        raise ValueError(f"decode power fit {fit!r}: one of {sorted(DECODE_POWER_FITS)}")
-    f = DECODE_POWER_FITS[fit]
+    f = decode_power_fit(fit)
     shift = 0.0 if gpu is None else f.shift[GPU_INDEX[GpuType(gpu)]]
     a = f.c0 + shift + f.c_bw * hbm_util + f.c_batch * _batch_feature(batch)
     return min(A_PREFILL.value, max(0.0, a))  # no activity draws more than the power limit allows
