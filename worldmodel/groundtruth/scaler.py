@@ -652,6 +652,7 @@ def telemetry_tick(
     gpus = np.zeros(n_sites)
     loading = np.zeros(n_sites)
     gamma = sf[S_GAMMA]
+    dec_0, dec_bw, dec_batch = sf[S_DEC_0], sf[S_DEC_BW], sf[S_DEC_BATCH]  # plan-wide decode-power fit
     n_nodes = hw.node_speed.shape[0]
     node_on = np.zeros(n_nodes, np.int64)
     for r in range(rep.n.shape[0]):
@@ -676,8 +677,8 @@ def telemetry_tick(
             act = sf[S_LOAD_POWER_FRAC] * (f_set / fmax) ** gamma
             clock_eff = f_set
         else:
-            a_dec = sf[S_DEC_0] + sf[S_DEC_SHIFT + pools.gpu[p]] + sf[S_DEC_BW] * decode_hbm_util(rep, pools, r)
-            a_dec += sf[S_DEC_BATCH] * min(1.0, math.log2(max(rep.n[r], 1)) / 8.0)
+            a_dec = dec_0 + sf[S_DEC_SHIFT + pools.gpu[p]] + dec_bw * decode_hbm_util(rep, pools, r)
+            a_dec += dec_batch * min(1.0, math.log2(max(rep.n[r], 1)) / 8.0)
             a_dec = min(_A_PREFILL, max(0.0, a_dec))  # nothing draws more than the power limit allows
             act = pf * _A_PREFILL * (min(f_set, f_pl) / f_pl) ** gamma + (util - pf) * a_dec * (f_set / fmax) ** gamma
             clock_eff = f_set - pf * max(0.0, f_set - f_pl)
