@@ -86,7 +86,7 @@ from worldmodel.groundtruth.state import (
     Replicas,
     Requests,
 )
-from worldmodel.physics.power import A_PREFILL
+from worldmodel.physics.power import A_PREFILL, decode_activity_at
 from worldmodel.physics.tables import HBM_EFFICIENCY
 
 STABILIZATION_TICKS = 20  # 300 s of 15 s ticks
@@ -677,9 +677,8 @@ def telemetry_tick(
             act = sf[S_LOAD_POWER_FRAC] * (f_set / fmax) ** gamma
             clock_eff = f_set
         else:
-            a_dec = dec_0 + sf[S_DEC_SHIFT + pools.gpu[p]] + dec_bw * decode_hbm_util(rep, pools, r)
-            a_dec += dec_batch * min(1.0, math.log2(max(rep.n[r], 1)) / 8.0)
-            a_dec = min(_A_PREFILL, max(0.0, a_dec))  # nothing draws more than the power limit allows
+            a_dec = decode_activity_at(dec_0, sf[S_DEC_SHIFT + pools.gpu[p]], dec_bw, dec_batch,
+                                       decode_hbm_util(rep, pools, r), float(rep.n[r]))
             act = pf * _A_PREFILL * (min(f_set, f_pl) / f_pl) ** gamma + (util - pf) * a_dec * (f_set / fmax) ** gamma
             clock_eff = f_set - pf * max(0.0, f_set - f_pl)
         idle = rep.coef[r, C_IDLE]

@@ -32,6 +32,7 @@ import math
 from typing import NamedTuple, Protocol
 
 import numpy as np
+from numba import njit
 
 from schemas.fleet import DECODE_POWER_FIT_NAMES, GPU_INDEX, GPUS_PER_NODE, GpuType, power_limited_clock_mhz
 from schemas.provenance import Provenance, Tagged
@@ -76,8 +77,25 @@ DECODE_POWER_POINTS: tuple[tuple, ...] = (
 )  # fmt: skip
 
 
+@njit(cache=True)
 def _batch_feature(n: float) -> float:
     return min(1.0, math.log2(max(n, 1.0)) / 8.0)
+
+
+_A_PREFILL_VALUE = A_PREFILL.value  # a plain float: numba reads module globals as compile-time constants
+
+
+@njit(cache=True)
+def decode_activity_at(c0: float, shift: float, c_bw: float, c_batch: float, hbm_util: float, batch: float) -> float:
+    """Dynamic-power activity (0-1) of memory-bound decode from a fit's coefficients (intercept `c0`, the GPU's
+    intercept `shift`, HBM slope `c_bw`, batch slope `c_batch`) at HBM utilization `hbm_util` (0-1) and `batch`
+    sequences: the one formula `decode_activity` and the simulator's telemetry tick both run.
+
+    >>> round(decode_activity_at(0.1, 0.0, 1.0, 0.2, 0.5, 16.0), 3)  # 0.1 + 0.5 + 0.2 x log2(16) / 8
+    0.7
+    """
+    a = c0 + shift + c_bw * hbm_util + c_batch * _batch_feature(batch)
+    return min(_A_PREFILL_VALUE, max(0.0, a))  # no activity draws more than the power limit allows
 
 
 #: The fleet's own GPU, measured after the record's fit (2026-12-05, benchmarks/results/gpu_calibration_h100.json
@@ -150,8 +168,7 @@ def decode_activity(hbm_util: float, batch: float, fit: str = "record", gpu: str
     """
     f = decode_power_fit(fit)
     shift = 0.0 if gpu is None else f.shift[GPU_INDEX[GpuType(gpu)]]
-    a = f.c0 + shift + f.c_bw * hbm_util + f.c_batch * _batch_feature(batch)
-    return min(A_PREFILL.value, max(0.0, a))  # no activity draws more than the power limit allows
+    return decode_activity_at(f.c0, shift, f.c_bw, f.c_batch, float(hbm_util), float(batch))
 
 
 def decode_fit_error(
